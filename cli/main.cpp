@@ -1,0 +1,27 @@
+// The `cabm` command line. Each subcommand lives in its own file (cli/cmd_*.cpp) and
+// registers itself here.
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/threads.h"
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+
+int main(int argc, char** argv) {
+  CLI::App app{"cabm: self-attention and Transformer encoders in C++"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "cabm 0.1.0");
+  cabm::cli::register_forward(app);
+  try {
+    cabm::init_threads_from_env();
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cabm: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,67 @@
+// Reference scaled dot-product attention: the seed's math, written to be read.
+//
+//   S = Q Kᵀ · scale + mask,   A = softmax(S) (row-wise),   O = A V
+//
+// It builds each N×M score row explicitly. It is the oracle every fast attention kernel is
+// tested against, the path used when attention weights are requested (need_weights), and the
+// fallback for whatever the fast path does not take.
+//
+// Conventions shared with every attention kernel in cabm:
+//  - Layout: q [B, N, H, d], k [B, M, H, d], v [B, M, H, dv], out [B, N, H, dv], all strided
+//    views (heads are views of [B, N, E] activations, never transposed copies).
+//  - scale defaults to 1/√d.
+//  - Softmax subtracts the row maximum before exp (stable for any logits).
+//  - A fully masked row (every score −inf) gives output 0, weights 0 and log-sum-exp −inf:
+//    never NaN.
+//  - Dropout on the attention weights (training): weight (b, h, i, j) is kept iff
+//    attention_dropout_keep(...) and kept weights are scaled by 1/(1−p). Returned weights are
+//    the ones multiplied with V (after dropout), as PyTorch's MultiheadAttention returns them.
+#pragma once
+
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "kernels/mask.h"
+
+#include <cstdint>
+#include <optional>
+
+namespace cabm {
+
+struct AttentionOptions {
+  Mask mask;
+  std::optional<float> scale;  // default 1/√d
+  float dropout = 0.0f;        // probability of dropping an attention weight; 0 in eval
+  uint64_t dropout_seed = 0;   // with dropout_offset, selects the random stream
+  uint64_t dropout_offset = 0; // advance per call (e.g. per layer and step)
+};
+
+float attention_scale(const AttentionOptions& options, int64_t d);
+
+// Whether attention weight (b, h, i, j) survives dropout. Counter-based: the same answer in
+// every kernel, forward and backward, for any thread count.
+inline bool attention_dropout_keep(const AttentionOptions& options, int64_t b, int64_t h, int64_t H, int64_t i,
+                                   int64_t j, int64_t M) {
+  const uint64_t stream = options.dropout_offset * 0x100000000ull + static_cast<uint64_t>(b * H + h);
+  return uniform(options.dropout_seed, stream, static_cast<uint64_t>(i * M + j)) >= options.dropout;
+}
+
+// Checks shapes and strides of q, k, v, out for the conventions above; throws cabm::Error.
+void check_attention_shapes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out);
+
+// Writes out [B, N, H, dv]. If weights is non-null it must be F32 [B, H, N, M] contiguous and
+// receives A. If lse is non-null it must be F32 [B, H, N] contiguous and receives the
+// log-sum-exp of each row of S (−inf for fully masked rows).
+void attention_reference_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const AttentionOptions& options, const Tensor& out,
+                                 const Tensor* weights = nullptr, const Tensor* lse = nullptr);
+
+struct AttentionResult {
+  Tensor output;   // [B, N, H, dv]
+  Tensor weights;  // [B, H, N, M], defined only when requested
+};
+
+// Allocating convenience form: scaled_dot_product_attention(q, k, v, options) -> (output, weights).
+AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const AttentionOptions& options, bool need_weights = false);
+
+}  // namespace cabm

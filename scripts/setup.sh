@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs every Debian package that cabm's build, tests and main job need.
+# Works as root or through sudo; does nothing when everything is present.
+set -euo pipefail
+
+packages=(
+  g++ cmake ninja-build pkg-config
+  libdnnl-dev            # GEMM (oneDNN)
+  nlohmann-json3-dev     # safetensors headers, checkpoints
+  libcli11-dev libfmt-dev
+  libgtest-dev libbenchmark-dev
+  python3-torch python3-numpy   # PyTorch reference fixtures (tests only; never linked)
+  fortunes               # default training corpus
+  wamerican wngerman wfrench wspanish witalian   # langid demo word lists
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+sudo_cmd=()
+if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+echo "setup: installing ${missing[*]}"
+"${sudo_cmd[@]}" apt-get update -qq
+DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"

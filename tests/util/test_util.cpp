@@ -1,0 +1,57 @@
+#include "util/test_util.h"
+
+#include "core/threads.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <unistd.h>
+
+namespace cabm::test {
+
+Tensor random_tensor(const Shape& shape, uint64_t seed, float lo, float hi) {
+  Tensor t = Tensor::empty(shape);
+  float* p = t.data<float>();
+  Rng rng(seed);
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = lo + (hi - lo) * rng.next_uniform();
+  return t;
+}
+
+Comparison compare(const Tensor& actual, const Tensor& expected, double rtol, double atol) {
+  Comparison c;
+  if (actual.shape() != expected.shape()) {
+    c.ok = false;
+    c.first_bad = "shape " + shape_str(actual.shape()) + " vs " + shape_str(expected.shape());
+    return c;
+  }
+  const std::vector<float> a = actual.to_vector(), e = expected.to_vector();
+  for (size_t i = 0; i < a.size(); ++i) {
+    const bool both_nan = std::isnan(a[i]) && std::isnan(e[i]);
+    const double diff = std::fabs(static_cast<double>(a[i]) - e[i]);
+    const bool good = both_nan || (a[i] == e[i]) || diff <= atol + rtol * std::fabs(static_cast<double>(e[i]));
+    if (!both_nan && std::isfinite(diff)) c.max_abs_diff = std::max(c.max_abs_diff, diff);
+    if (!good && c.ok) {
+      c.ok = false;
+      c.first_bad = "index " + std::to_string(i) + ": " + std::to_string(a[i]) + " vs " + std::to_string(e[i]);
+    }
+  }
+  return c;
+}
+
+ScopedThreads::ScopedThreads(int threads) : previous_(num_threads()) { set_num_threads(threads); }
+ScopedThreads::~ScopedThreads() { set_num_threads(previous_); }
+
+std::string fixtures_dir() { return CABM_FIXTURES_DIR; }
+std::string cabm_binary() { return CABM_BINARY; }
+
+std::string temp_dir() {
+  static const std::string dir = [] {
+    std::string pattern = (std::filesystem::temp_directory_path() / "cabm-test-XXXXXX").string();
+    const char* made = mkdtemp(pattern.data());
+    if (made == nullptr) throw std::runtime_error("cannot create a temporary directory");
+    return std::string(made);
+  }();
+  return dir;
+}
+
+}  // namespace cabm::test
