@@ -235,4 +235,9 @@ std::vector<float> Tensor::to_vector() const {
   return out;
 }
 
+void ensure_shape(Tensor& t, const Shape& shape, DType dtype) {
+  if (t.defined() && t.shape() == shape && t.dtype() == dtype && t.is_contiguous()) return;
+  t = Tensor::empty(shape, dtype);
+}
+
 }  // namespace cabm

@@ -106,4 +106,8 @@ constexpr DType Tensor::dtype_of() {
   else static_assert(sizeof(T) == 0, "unsupported element type");
 }
 
+// Makes `t` a contiguous tensor of `shape` and `dtype`, reallocating only when either changed:
+// workspaces and saved activations are allocated once per shape, not once per call.
+void ensure_shape(Tensor& t, const Shape& shape, DType dtype = DType::F32);
+
 }  // namespace cabm
