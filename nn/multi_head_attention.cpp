@@ -15,18 +15,15 @@ MultiHeadAttention make_multi_head_attention(MultiHeadAttentionConfig config) {
     throw Error(fmt::format("MultiheadAttention: embed_dim {} is not divisible by num_heads {}", E, H));
   MultiHeadAttention mha;
   mha.config = config;
-  if (config.kdim == E && config.vdim == E) {
-    mha.in_proj_weight = Tensor::zeros({3 * E, E});
-    if (config.bias) mha.in_proj_bias = Tensor::zeros({3 * E});
-    Linear* projections[3] = {&mha.q_proj, &mha.k_proj, &mha.v_proj};
-    for (int64_t p = 0; p < 3; ++p) {
-      projections[p]->weight = mha.in_proj_weight.narrow(0, p * E, E);
-      if (config.bias) projections[p]->bias = mha.in_proj_bias.narrow(0, p * E, E);
-    }
-  } else {
-    mha.q_proj = make_linear(E, E, config.bias);
-    mha.k_proj = make_linear(config.kdim, E, config.bias);
-    mha.v_proj = make_linear(config.vdim, E, config.bias);
+  // PyTorch keeps one in_proj_bias [3E] even when the weights are separate.
+  if (config.bias) mha.in_proj_bias = Tensor::zeros({3 * E});
+  const bool packed = config.kdim == E && config.vdim == E;
+  if (packed) mha.in_proj_weight = Tensor::zeros({3 * E, E});
+  Linear* projections[3] = {&mha.q_proj, &mha.k_proj, &mha.v_proj};
+  const int64_t widths[3] = {E, config.kdim, config.vdim};
+  for (int64_t p = 0; p < 3; ++p) {
+    projections[p]->weight = packed ? mha.in_proj_weight.narrow(0, p * E, E) : Tensor::zeros({E, widths[p]});
+    if (config.bias) projections[p]->bias = mha.in_proj_bias.narrow(0, p * E, E);
   }
   mha.out_proj = make_linear(E, E, config.bias);
   return mha;

@@ -24,7 +24,7 @@ struct MultiHeadAttentionConfig {
 struct MultiHeadAttention {
   MultiHeadAttentionConfig config;  // kdim and vdim resolved (never 0)
   Tensor in_proj_weight;            // [3E, E] when packed (kdim == vdim == E); else undefined
-  Tensor in_proj_bias;              // [3E] when bias; q/k/v biases are its slices
+  Tensor in_proj_bias;              // [3E] when bias (packed or not); q/k/v biases are its slices
   Linear q_proj, k_proj, v_proj;    // views into the packed tensors, or separate [E, kdim/vdim]
   Linear out_proj;
 
