@@ -163,4 +163,19 @@ void ResolvedMask::fill_row(int64_t b, int64_t h, int64_t i, float* row) const {
   }
 }
 
+std::vector<uint8_t> fully_masked_query_rows(const Mask& mask, int64_t B, int64_t H, int64_t N, int64_t M) {
+  const ResolvedMask resolved(mask, B, H, N, M);
+  std::vector<uint8_t> flags(static_cast<size_t>(B * N), 0);
+  std::vector<float> row(static_cast<size_t>(M));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < N; ++i) {
+        resolved.fill_row(b, h, i, row.data());
+        bool any = false;
+        for (int64_t j = 0; j < M && !any; ++j) any = row[j] != -INFINITY;
+        if (!any) flags[b * N + i] = 1;
+      }
+  return flags;
+}
+
 }  // namespace cabm

@@ -91,11 +91,15 @@ class ResolvedMask {
   bool has_bias() const { return !biases_.empty(); }
 
  private:
-  const Mask& mask_;
+  Mask mask_;  // a copy (tensors are shared): a ResolvedMask may outlive the Mask it came from
   int64_t N_, M_;
   std::vector<Tensor> allowed_;  // BOOL [B, H, N, M] views
   std::vector<Tensor> biases_;   // F32 [B, H, N, M] views
 };
+
+// flags[b·N + i] = 1 where query row i of batch item b has no attendable key in at least one
+// head (its attention output is 0 in cabm; PyTorch returns NaN there).
+std::vector<uint8_t> fully_masked_query_rows(const Mask& mask, int64_t B, int64_t H, int64_t N, int64_t M);
 
 // Broadcasts a tensor of rank <= 4 to [B, H, N, M] as a zero-stride view; throws cabm::Error
 // naming `what` when it does not broadcast.
