@@ -45,6 +45,38 @@ inline bool attention_dropout_keep(const AttentionOptions& options, int64_t b, i
   return uniform(options.dropout_seed, stream, static_cast<uint64_t>(i * M + j)) >= options.dropout;
 }
 
+// The dropout decisions of one (b, h) attention matrix, row segment at a time. keep(i, j) is
+// attention_dropout_keep(options, b, h, H, i, j, M) exactly; fill_row gives the same decisions for a
+// run of keys while drawing each Philox block once (four consecutive elements share one block).
+class DropoutMatrix {
+ public:
+  DropoutMatrix(const AttentionOptions& options, int64_t b, int64_t h, int64_t H, int64_t M);
+  bool keep(int64_t i, int64_t j) const {
+    return uniform(seed_, stream_, static_cast<uint64_t>(i * M_ + j)) >= p_;
+  }
+  // out[(j − j0) · stride] = keep(i, j) ? value : 0 for j in [j0, j1).
+  void fill_row(int64_t i, int64_t j0, int64_t j1, float value, float* out, int64_t stride) const;
+
+ private:
+  uint64_t seed_, stream_;
+  int64_t M_;
+  float p_;
+};
+
+// What attention backward needs from the forward pass (the "cache" of STYLE.md): the inputs, the
+// output and, for the flash kernel, the per-row log-sum-exp. q [B, N, H, d], k [B, M, H, d],
+// v [B, M, H, dv], out [B, N, H, dv] (strided views); lse F32 [B, H, N] contiguous, may be
+// undefined for the reference backward (it recomputes the softmax rows from scratch).
+struct AttentionSaved {
+  Tensor q, k, v, out, lse;
+};
+
+// Gradients with respect to q, k, v: preallocated strided views with the shapes of q, k, v
+// (e.g. head views of one [B, N, 3E] buffer). Backward overwrites them.
+struct AttentionGrads {
+  Tensor dq, dk, dv;
+};
+
 // Checks shapes and strides of q, k, v, out for the conventions above; throws cabm::Error.
 void check_attention_shapes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out);
 
@@ -54,6 +86,15 @@ void check_attention_shapes(const Tensor& q, const Tensor& k, const Tensor& v, c
 void attention_reference_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                  const AttentionOptions& options, const Tensor& out,
                                  const Tensor* weights = nullptr, const Tensor* lse = nullptr);
+
+// Backward of attention_reference_forward: dout [B, N, H, dv] → grads. Recomputes each softmax row
+// (N×M work, O(M) memory per thread). Same mask, scale and dropout semantics as the forward;
+// fully masked rows get zero gradients. See the derivation in the .cpp.
+void attention_reference_backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
+                                  const AttentionGrads& grads);
+
+// Checks the tensors of a backward call (saved, dout, grads) against each other; throws cabm::Error.
+void check_attention_backward_shapes(const AttentionSaved& saved, const Tensor& dout, const AttentionGrads& grads);
 
 struct AttentionResult {
   Tensor output;   // [B, N, H, dv]

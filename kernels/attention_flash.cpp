@@ -1,0 +1,819 @@
+#include "kernels/attention_flash.h"
+
+#include "kernels/attention_simd.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <cfloat>
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <numeric>
+#include <utility>
+#include <vector>
+
+namespace cabm {
+namespace {
+
+using simd::kWidth;
+using simd::Vec;
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+// A 64-byte aligned float buffer, zero-initialised (so padding lanes never hold NaN).
+class Floats {
+ public:
+  Floats() = default;
+  explicit Floats(int64_t n) {
+    const size_t bytes = static_cast<size_t>(round_up(std::max<int64_t>(n, 1) * 4, 64));
+    data_.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+    CABM_CHECK(data_ != nullptr, "out of memory allocating {} bytes", bytes);
+    std::fill_n(data_.get(), bytes / 4, 0.0f);
+  }
+  float* get() const { return data_.get(); }
+
+ private:
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float[], Free> data_;
+};
+
+// Per-thread buffers that outlive a call: OpenMP's threads are pooled, so a thread reuses its
+// buffers from one call to the next instead of paying page faults for fresh memory every time
+// (packed K/V and per-head backward buffers are megabytes). A buffer grows to the largest size a
+// thread has needed and is freed when the thread ends. Contents are unspecified.
+enum Slot { kPackedK, kPackedV, kQt, kS, kO, kMaskTile, kZ, kM, kL, kAlpha, kTileMax,
+            kKt, kVt, kKs, kDKt, kDVt, kDP, kLse2, kDelta, kDQ, kHeadQ, kHeadG, kSlots };
+float* scratch(Slot slot, int64_t n) {
+  thread_local std::array<std::pair<int64_t, Floats>, kSlots> pool;
+  auto& [capacity, buffer] = pool[slot];
+  if (capacity < n) {
+    buffer = Floats(n);
+    capacity = n;
+  }
+  return buffer.get();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The one micro-kernel. Every block product of the forward and backward passes has the form
+//
+//   C[r][l] (+)= Σ_k A(r, k) · B[k][l]      r < rows, l < lanes (a multiple of kWidth)
+//
+// where A is read one element at a time and broadcast (so it may be any strided view: a head of
+// q, k, v, dout in their natural [.., N, H, d] layout, or a tile of ours read transposed), and B
+// and C are our own packed tiles, read and written as whole vectors. A register block of
+// MR rows × NV vectors of C stays in registers for the whole k loop: per k, NV vector loads of B,
+// MR broadcasts of A, MR·NV fused multiply-adds.
+//   forward   Sᵀ = K · Qᵀ        (rows keys,    lanes queries, k over d)
+//             Oᵀ += Vᵀ · Pᵀ      (rows d,       lanes queries, k over keys)
+//   backward  S = Q · Kᵀ, dP = dO · Vᵀ   (rows queries, lanes keys, k over d)
+//             dVᵀ += dOᵀ · P, dKᵀ += Qᵀ · dS   (rows d, lanes keys, k over queries)
+//             dQ += dS · K       (rows queries, lanes d, k over keys)
+
+#if defined(__AVX512F__)
+constexpr int kMR = 6, kNV = 4;  // 24 accumulators + 4 B vectors + 1 broadcast of 32 zmm
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int kMR = 6, kNV = 2;  // 12 accumulators + 2 B vectors + 1 broadcast of 16 ymm
+#else
+constexpr int kMR = 4, kNV = 2;
+#endif
+
+// C = A·B;  C += A·B;  C = alpha[l]·C + A·B;  C = A·B and lane_max[l] = max(lane_max[l], max_r C[r][l]).
+enum class Accum { kOverwrite, kAdd, kScaleAdd, kOverwriteMax };
+
+// Left alone, GCC folds the B loads into the FMAs' memory operands for some block shapes (MR·NV
+// loads instead of NV per k), which saturates the load ports and halves the speed of the tails.
+inline void keep_in_register(Vec& x) {
+#if defined(__AVX512F__)
+  __asm__("" : "+v"(x.v));
+#elif defined(__AVX2__) && defined(__FMA__)
+  __asm__("" : "+x"(x.v));
+#else
+  (void)x;
+#endif
+}
+
+struct ScalarOperand {  // A(r, k) = data[r · row_stride + k · k_stride]
+  const float* data;
+  int64_t row_stride, k_stride;
+};
+struct VectorOperand {  // B[k][l] = data[k · ld + l]
+  const float* data;
+  int64_t ld;
+};
+struct TileRef {  // C[r][l] = data[r · ld + l]
+  float* data;
+  int64_t ld;
+};
+
+// lanes: alpha (kScaleAdd, read) or lane_max (kOverwriteMax, read and written), else unused.
+template <int MR, int NV, Accum kMode>
+void block_kernel(int64_t K, ScalarOperand a, VectorOperand b, TileRef c, float* lanes) {
+  Vec acc[MR][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) {
+      if constexpr (kMode == Accum::kOverwrite || kMode == Accum::kOverwriteMax) {
+        acc[r][v] = simd::zero();
+      } else {
+        acc[r][v] = simd::load(c.data + r * c.ld + v * kWidth);
+        if constexpr (kMode == Accum::kScaleAdd) acc[r][v] = simd::mul(acc[r][v], simd::load(lanes + v * kWidth));
+      }
+    }
+  }
+  const float* ap = a.data;
+  const float* bp = b.data;
+  for (int64_t k = 0; k < K; ++k, ap += a.k_stride, bp += b.ld) {
+    Vec bv[NV];
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) {
+      bv[v] = simd::load(bp + v * kWidth);
+      keep_in_register(bv[v]);
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const Vec ar = simd::broadcast(ap + r * a.row_stride);
+#pragma GCC unroll 16
+      for (int v = 0; v < NV; ++v) acc[r][v] = simd::fma(ar, bv[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) simd::store(c.data + r * c.ld + v * kWidth, acc[r][v]);
+  }
+  if constexpr (kMode == Accum::kOverwriteMax) {
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) {
+      Vec m = simd::load(lanes + v * kWidth);
+#pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) m = simd::max(m, acc[r][v]);
+      simd::store(lanes + v * kWidth, m);
+    }
+  }
+}
+
+using BlockKernel = void (*)(int64_t, ScalarOperand, VectorOperand, TileRef, float*);
+
+template <Accum kMode, int MR, int... NVs>
+constexpr std::array<BlockKernel, kNV> kernel_row(std::integer_sequence<int, NVs...>) {
+  return {&block_kernel<MR, NVs + 1, kMode>...};
+}
+template <Accum kMode, int... MRs>
+constexpr std::array<std::array<BlockKernel, kNV>, kMR> kernel_table(std::integer_sequence<int, MRs...>) {
+  return {kernel_row<kMode, MRs + 1>(std::make_integer_sequence<int, kNV>())...};
+}
+// kKernels[mode][mr − 1][nv − 1]
+constexpr std::array<std::array<std::array<BlockKernel, kNV>, kMR>, 4> kKernels = {
+    kernel_table<Accum::kOverwrite>(std::make_integer_sequence<int, kMR>()),
+    kernel_table<Accum::kAdd>(std::make_integer_sequence<int, kMR>()),
+    kernel_table<Accum::kScaleAdd>(std::make_integer_sequence<int, kMR>()),
+    kernel_table<Accum::kOverwriteMax>(std::make_integer_sequence<int, kMR>())};
+
+// C[rows][lanes] (+)= A[rows][K] · B[K][lanes], blocked over the micro-kernel; `lanes_aux` holds
+// one value per lane: alpha for kScaleAdd, the running maximum for kOverwriteMax.
+void tile_product(int64_t rows, int64_t lanes, int64_t K, ScalarOperand a, VectorOperand b, TileRef c, Accum mode,
+                  float* lanes_aux = nullptr) {
+  const auto& table = kKernels[static_cast<int>(mode)];
+  for (int64_t l0 = 0; l0 < lanes; l0 += kNV * kWidth) {
+    const int64_t nv = std::min<int64_t>(kNV, (lanes - l0) / kWidth);
+    for (int64_t r0 = 0; r0 < rows; r0 += kMR) {
+      const int64_t mr = std::min<int64_t>(kMR, rows - r0);
+      table[mr - 1][nv - 1](K, {a.data + r0 * a.row_stride, a.row_stride, a.k_stride}, {b.data + l0, b.ld},
+                            {c.data + r0 * c.ld + l0, c.ld}, lanes_aux ? lanes_aux + l0 : nullptr);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The mask, evaluated per tile.
+//
+// Causal (either alignment), sliding window and key padding all allow one interval of keys per
+// query row, [lo(i), hi(b, i)), and both ends are non-decreasing in i. That gives each query tile
+// its key range (and each key tile its query range) directly, so fully masked tiles outside it are
+// never visited. Block-sparse layouts are checked per tile on the blocks the tile overlaps. Allow
+// and additive tensors are per element: their tiles are always "partial".
+enum class TileKind { kSkip, kFull, kPartial };
+
+struct Range {
+  int64_t begin, end;
+};
+
+class FlashMask {
+ public:
+  FlashMask(const Mask& mask, int64_t B, int64_t H, int64_t N, int64_t M) : mask_(mask), N_(N), M_(M) {
+    mask.validate(B, H, N, M);
+    for (const Tensor& t : mask.allowed()) allowed_.push_back(broadcast_to_bhnm(t, B, H, N, M, "allow mask"));
+    for (const Tensor& t : mask.biases()) biases_.push_back(broadcast_to_bhnm(t, B, H, N, M, "additive mask"));
+  }
+
+  bool per_element() const { return !allowed_.empty() || !biases_.empty(); }
+
+  int64_t lo(int64_t i) const { return std::max<int64_t>(0, i + M_ - N_ - mask_.window_left()); }
+  int64_t hi(int64_t b, int64_t i) const {
+    const int64_t p = i + M_ - N_;  // bottom-right position of query i among the keys
+    int64_t h = std::min(M_, p + mask_.window_right() + 1);
+    if (mask_.causal_align() == CausalAlign::kBottomRight) h = std::min(h, p + 1);
+    if (mask_.causal_align() == CausalAlign::kTopLeft) h = std::min(h, i + 1);
+    if (!mask_.key_lengths().empty()) h = std::min(h, mask_.key_lengths()[b]);
+    return h;
+  }
+
+  // Keys that rows [i0, i1) may see by the interval parts (empty rows ignored); {0, 0} if none.
+  Range key_range(int64_t b, Range rows) const {
+    Range r{M_, 0};
+    for (int64_t i = rows.begin; i < rows.end; ++i) {
+      const int64_t l = lo(i), h = hi(b, i);
+      if (l < h) r = {std::min(r.begin, l), std::max(r.end, h)};
+    }
+    return r.begin < r.end ? r : Range{0, 0};
+  }
+
+  // Query rows that may see some key in [j0, j1) by the interval parts: a superset, by binary search
+  // on the monotone ends (rows with hi > j0 form a suffix, rows with lo < j1 a prefix).
+  Range query_range(int64_t b, Range keys) const {
+    int64_t first = 0, last = N_;  // first row with hi > j0
+    while (first < last) {
+      const int64_t mid = (first + last) / 2;
+      if (hi(b, mid) > keys.begin) last = mid;
+      else first = mid + 1;
+    }
+    int64_t lo_row = first, end = N_;  // first row with lo >= j1
+    while (lo_row < end) {
+      const int64_t mid = (lo_row + end) / 2;
+      if (lo(mid) >= keys.end) end = mid;
+      else lo_row = mid + 1;
+    }
+    return {first, std::max(first, end)};
+  }
+
+  TileKind classify(int64_t b, int64_t h, Range rows, Range keys) const {
+    bool any = false, full = true;
+    for (int64_t i = rows.begin; i < rows.end; ++i) {
+      const int64_t l = lo(i), u = hi(b, i);
+      any |= std::max(l, keys.begin) < std::min(u, keys.end);
+      full &= l <= keys.begin && u >= keys.end;
+    }
+    if (!any) return TileKind::kSkip;
+    for (const BlockSparseLayout& layout : mask_.block_layouts()) {
+      const Tensor& blocks = layout.blocks;
+      const uint8_t* p = blocks.data<uint8_t>() + (blocks.size(0) == 1 ? 0 : h) * blocks.stride(0);
+      int64_t allowed = 0, total = 0;
+      for (int64_t qb = rows.begin / layout.block_q; qb <= (rows.end - 1) / layout.block_q; ++qb)
+        for (int64_t kb = keys.begin / layout.block_k; kb <= (keys.end - 1) / layout.block_k; ++kb, ++total)
+          allowed += p[qb * blocks.stride(1) + kb * blocks.stride(2)] != 0;
+      if (allowed == 0) return TileKind::kSkip;
+      full &= allowed == total;
+    }
+    return full && !per_element() ? TileKind::kFull : TileKind::kPartial;
+  }
+
+  // Additive term of element (i, j), scaled by bias_scale: 0 or the bias sum where allowed, −inf
+  // where blocked. Written to tile[(i − rows.begin) · row_step + (j − keys.begin) · key_step], one
+  // of the steps being 1. The interval parts are written vectorisably; the per-element lookups
+  // (block layouts, tensors) run only when the mask has such parts.
+  void fill(int64_t b, int64_t h, Range rows, Range keys, float bias_scale, float* tile, int64_t row_step,
+            int64_t key_step) const {
+    const int64_t ni = rows.end - rows.begin, nk = keys.end - keys.begin;
+    if (key_step == 1) {  // rows of keys: three runs per row
+      for (int64_t r = 0; r < ni; ++r) {
+        const int64_t i = rows.begin + r;
+        const int64_t l = std::clamp(lo(i) - keys.begin, int64_t{0}, nk);
+        const int64_t u = std::clamp(hi(b, i) - keys.begin, l, nk);
+        float* out = tile + r * row_step;
+        std::fill(out, out + l, -INFINITY);
+        std::fill(out + l, out + u, 0.0f);
+        std::fill(out + u, out + nk, -INFINITY);
+      }
+    } else {  // rows of queries (lanes): compare each key with the lanes' bounds
+      std::vector<int32_t> lower(static_cast<size_t>(ni)), upper(static_cast<size_t>(ni));
+      for (int64_t r = 0; r < ni; ++r) {
+        lower[r] = static_cast<int32_t>(std::clamp(lo(rows.begin + r) - keys.begin, int64_t{0}, nk));
+        upper[r] = static_cast<int32_t>(std::clamp(hi(b, rows.begin + r) - keys.begin, int64_t{0}, nk));
+      }
+      for (int32_t j = 0; j < nk; ++j) {
+        float* out = tile + j * key_step;
+        for (int64_t r = 0; r < ni; ++r) out[r] = j >= lower[r] && j < upper[r] ? 0.0f : -INFINITY;
+      }
+    }
+    if (mask_.block_layouts().empty() && !per_element()) return;
+    for (int64_t i = rows.begin; i < rows.end; ++i) {
+      float* out = tile + (i - rows.begin) * row_step;
+      for (int64_t j = keys.begin; j < keys.end; ++j) {
+        float& e = out[(j - keys.begin) * key_step];
+        if (e == -INFINITY) continue;
+        bool allowed = true;
+        for (const BlockSparseLayout& layout : mask_.block_layouts()) {
+          if (!allowed) break;
+          const Tensor& blocks = layout.blocks;
+          allowed = blocks.data<uint8_t>()[(blocks.size(0) == 1 ? 0 : h) * blocks.stride(0) +
+                                           (i / layout.block_q) * blocks.stride(1) +
+                                           (j / layout.block_k) * blocks.stride(2)] != 0;
+        }
+        for (const Tensor& t : allowed_) {
+          if (!allowed) break;
+          allowed = t.data<uint8_t>()[b * t.stride(0) + h * t.stride(1) + i * t.stride(2) + j * t.stride(3)] != 0;
+        }
+        float bias = 0.0f;
+        for (const Tensor& t : biases_)
+          bias += t.data<float>()[b * t.stride(0) + h * t.stride(1) + i * t.stride(2) + j * t.stride(3)];
+        e = allowed ? bias * bias_scale : -INFINITY;
+      }
+    }
+  }
+
+ private:
+  const Mask& mask_;
+  int64_t N_, M_;
+  std::vector<Tensor> allowed_;  // BOOL [B, H, N, M] views
+  std::vector<Tensor> biases_;   // F32 [B, H, N, M] views
+};
+
+// A head's rows of a [B, L, H, d] view: row r at data + r · stride.
+struct HeadRows {
+  float* data;
+  int64_t stride;
+  const float* row(int64_t r) const { return data + r * stride; }
+};
+HeadRows head_rows(const Tensor& t, int64_t b, int64_t h) {
+  return {t.data<float>() + b * t.stride(0) + h * t.stride(2), t.stride(1)};
+}
+
+// The shapes and constants of one call, shared by all threads.
+struct Problem {
+  int64_t B, N, H, M, d, dv;
+  int64_t block_q, block_k;
+  float scale;       // of the scores
+  float keep_scale;  // 1 / (1 − dropout)
+  bool dropout;
+};
+
+Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
+                     const FlashConfig& config, bool backward) {
+  CABM_CHECK(options.dropout >= 0.0f && options.dropout < 1.0f, "dropout {} outside [0, 1)", options.dropout);
+  const FlashConfig tiles = flash_resolved_config(config, options, q.size(3), backward);
+  return {q.size(0), q.size(1), q.size(2), k.size(1), q.size(3), v.size(3), tiles.block_q, tiles.block_k,
+          attention_scale(options, q.size(3)), 1.0f / (1.0f - options.dropout), options.dropout > 0.0f};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward. One work item is (b, h, query tile). Its buffers hold the tile transposed, lanes over
+// the query rows, so the online softmax is purely vertical: the running maximum and sum of row i
+// live in lane i, and rescaling the accumulator Oᵀ is one multiply per vector.
+
+struct ForwardBuffers {
+  int64_t ld;  // lanes: block_q rounded up to the vector width
+  float *qt, *s, *o, *mask, *z, *m, *l, *alpha, *tile_max;
+  explicit ForwardBuffers(const Problem& p)
+      : ld(round_up(p.block_q, kWidth)),
+        qt(scratch(kQt, p.d * ld)),
+        s(scratch(kS, p.block_k * ld)),
+        o(scratch(kO, p.dv * ld)),
+        mask(scratch(kMaskTile, p.block_k * ld)),
+        z(p.dropout ? scratch(kZ, p.block_k * ld) : nullptr),
+        m(scratch(kM, ld)),
+        l(scratch(kL, ld)),
+        alpha(scratch(kAlpha, ld)),
+        tile_max(scratch(kTileMax, ld)) {}
+};
+
+struct ForwardArgs {
+  const Tensor &q, &out;
+  const float *k, *v;  // packed: [B·H, M, d] and [B·H, M, dv], see attention_flash_forward
+  float* lse;  // [B, H, N] or null
+  const AttentionOptions& options;
+  const FlashMask& mask;
+  const Problem& p;
+};
+
+void forward_query_tile(const ForwardArgs& args, ForwardBuffers& buf, int64_t b, int64_t h, int64_t qt) {
+  const Problem& p = args.p;
+  const int64_t i0 = qt * p.block_q, ni = std::min(p.block_q, p.N - i0);
+  const int64_t lanes = round_up(ni, kWidth), ld = buf.ld;
+  const Range rows{i0, i0 + ni};
+  const HeadRows q = head_rows(args.q, b, h), out = head_rows(args.out, b, h);
+  const HeadRows k{const_cast<float*>(args.k) + (b * p.H + h) * p.M * p.d, p.d};
+  const HeadRows v{const_cast<float*>(args.v) + (b * p.H + h) * p.M * p.dv, p.dv};
+
+  // Qᵀ, pre-multiplied by scale·log2(e) so that the scores come out in base 2: exp2 is cheaper.
+  const float qscale = p.scale * kLog2e;
+  float* qt_buf = buf.qt;
+  for (int64_t c = 0; c < p.d; ++c) {
+    for (int64_t r = 0; r < ni; ++r) qt_buf[c * ld + r] = q.row(i0 + r)[c] * qscale;
+    for (int64_t r = ni; r < lanes; ++r) qt_buf[c * ld + r] = 0.0f;
+  }
+  // Running maximum (base-2 scores) and sum. −FLT_MAX rather than −inf keeps exp2(s − m) free of
+  // inf − inf for rows that have seen only masked scores so far.
+  float *m = buf.m, *l = buf.l, *alpha = buf.alpha, *s = buf.s, *o = buf.o;
+  std::fill_n(m, lanes, -FLT_MAX);
+  std::fill_n(l, lanes, 0.0f);
+  bool first = true;
+  const DropoutMatrix dropout(args.options, b, h, p.H, p.M);
+
+  const Range key_range = args.mask.key_range(b, rows);
+  for (int64_t j0 = key_range.begin / p.block_k * p.block_k; j0 < key_range.end; j0 += p.block_k) {
+    const int64_t nk = std::min(p.block_k, p.M - j0);
+    const Range keys{j0, j0 + nk};
+    const TileKind kind = args.mask.classify(b, h, rows, keys);
+    if (kind == TileKind::kSkip) continue;
+    if (kind == TileKind::kPartial) {
+      args.mask.fill(b, h, rows, keys, kLog2e, buf.mask, 1, ld);
+      if (args.mask.per_element()) {  // skip a tile the tensors block entirely
+        bool any = false;
+        for (int64_t r = 0; r < nk && !any; ++r)
+          for (int64_t c = 0; c < ni && !any; ++c) any = buf.mask[r * ld + c] != -INFINITY;
+        if (!any) continue;
+      }
+    }
+    // Sᵀ[j][i] = log2(e)·scale·k_j·q_i (+ mask). Without a mask the kernel also leaves each lane's
+    // maximum over the tile in tile_max.
+    float* tile_max = buf.tile_max;
+    std::fill_n(tile_max, lanes, -INFINITY);
+    if (kind == TileKind::kFull) {
+      tile_product(nk, lanes, p.d, {k.row(j0), k.stride, 1}, {qt_buf, ld}, {s, ld}, Accum::kOverwriteMax, tile_max);
+    } else {
+      tile_product(nk, lanes, p.d, {k.row(j0), k.stride, 1}, {qt_buf, ld}, {s, ld}, Accum::kOverwrite);
+      const float* mk = buf.mask;
+      for (int64_t lv = 0; lv < lanes; lv += kWidth) {
+        Vec x_max = simd::set1(-INFINITY);
+        for (int64_t r = 0; r < nk; ++r) {
+          const Vec x = simd::add(simd::load(s + r * ld + lv), simd::load(mk + r * ld + lv));
+          simd::store(s + r * ld + lv, x);
+          x_max = simd::max(x_max, x);
+        }
+        simd::store(tile_max + lv, x_max);
+      }
+    }
+
+    // Online softmax, one vector of query rows at a time.
+    bool grew = false;
+    for (int64_t lv = 0; lv < lanes; lv += kWidth) {
+      const Vec m_old = simd::load(m + lv);
+      const Vec m_new = simd::max(m_old, simd::load(tile_max + lv));
+      grew |= simd::any_greater(m_new, m_old);
+      const Vec a = simd::exp2_nonpositive(simd::sub(m_old, m_new));
+      Vec sum = simd::zero();
+      for (int64_t r = 0; r < nk; ++r) {
+        const Vec e = simd::exp2_nonpositive(simd::sub(simd::load(s + r * ld + lv), m_new));
+        simd::store(s + r * ld + lv, e);
+        sum = simd::add(sum, e);
+      }
+      simd::store(alpha + lv, a);
+      simd::store(m + lv, m_new);
+      simd::store(l + lv, simd::fma(simd::load(l + lv), a, sum));
+    }
+    // Dropout multiplies the weights that meet V, not the normaliser l (the reference drops after
+    // normalising, which is the same thing).
+    if (p.dropout) {
+      float* z = buf.z;
+      for (int64_t r = 0; r < ni; ++r) dropout.fill_row(i0 + r, j0, j0 + nk, p.keep_scale, z + r, ld);
+      for (int64_t r = 0; r < nk; ++r)
+        for (int64_t lv = 0; lv < lanes; lv += kWidth)
+          simd::store(s + r * ld + lv, simd::mul(simd::load(s + r * ld + lv), simd::load(z + r * ld + lv)));
+    }
+    // Oᵀ = alpha ∘ Oᵀ + Vᵀ Pᵀ; the rescale only when some row's maximum grew.
+    const Accum mode = first ? Accum::kOverwrite : grew ? Accum::kScaleAdd : Accum::kAdd;
+    tile_product(p.dv, lanes, nk, {v.row(j0), 1, v.stride}, {s, ld}, {o, ld}, mode, alpha);
+    first = false;
+  }
+
+  // One division per row at the end; fully masked rows (l = 0) give 0 and lse = −inf.
+  for (int64_t r = 0; r < ni; ++r) {
+    float* orow = out.data + (i0 + r) * out.stride;
+    if (first || l[r] == 0.0f) {
+      std::fill_n(orow, p.dv, 0.0f);
+    } else {
+      const float inv = 1.0f / l[r];
+      for (int64_t c = 0; c < p.dv; ++c) orow[c] = o[c * ld + r] * inv;
+    }
+    if (args.lse)
+      args.lse[(b * p.H + h) * p.N + i0 + r] = l[r] > 0.0f ? (m[r] + std::log2(l[r])) * kLn2 : -INFINITY;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward. One work item is (b, h, key tile); it owns its rows of dk and dv, walks the query
+// tiles that can see it, and adds its share of dq into a per-thread accumulator for the head.
+// Its buffers hold tiles with lanes over the keys: Kᵀ and Vᵀ packed once per item, S, P, dP, dS
+// row per query.
+
+struct BackwardBuffers {
+  int64_t ld, dp;  // lanes: block_k and d rounded up to the vector width
+  float *kt, *vt, *ks, *dkt, *dvt, *s, *dpp, *mask, *z;
+  float *lse2, *delta, *dq;  // per head: [N], [N], [N][dp]
+  float *q, *g;              // per head: Q [N][d] and dO [N][dv], packed (see the forward's K, V)
+  int64_t head = -1;         // b·H + h the per-head buffers hold
+  explicit BackwardBuffers(const Problem& p)
+      : ld(round_up(p.block_k, kWidth)),
+        dp(round_up(p.d, kWidth)),
+        kt(scratch(kKt, p.d * ld)),
+        vt(scratch(kVt, p.dv * ld)),
+        ks(scratch(kKs, p.block_k * dp)),
+        dkt(scratch(kDKt, p.d * ld)),
+        dvt(scratch(kDVt, p.dv * ld)),
+        s(scratch(kS, p.block_q * ld)),
+        dpp(scratch(kDP, p.block_q * ld)),
+        mask(scratch(kMaskTile, p.block_q * ld)),
+        z(p.dropout ? scratch(kZ, p.block_q * ld) : nullptr),
+        lse2(scratch(kLse2, p.N)),
+        delta(scratch(kDelta, p.N)),
+        dq(scratch(kDQ, p.N * dp)),
+        q(scratch(kHeadQ, p.N * p.d)),
+        g(scratch(kHeadG, p.N * p.dv)) {}
+};
+
+struct BackwardArgs {
+  const AttentionSaved& saved;
+  const Tensor& dout;
+  const AttentionGrads& grads;
+  const AttentionOptions& options;
+  const FlashMask& mask;
+  const Problem& p;
+};
+
+// Per-head setup: Q and dO packed, lse in base 2 (+inf for fully masked rows, so that
+// exp2(s − lse) = 0 there), D_i = dO_i · O_i, and a zero dq accumulator.
+void backward_begin_head(const BackwardArgs& args, BackwardBuffers& buf, int64_t b, int64_t h) {
+  const Problem& p = args.p;
+  const float* lse = args.saved.lse.data<float>() + (b * p.H + h) * p.N;
+  const HeadRows o = head_rows(args.saved.out, b, h), g = head_rows(args.dout, b, h);
+  const HeadRows q = head_rows(args.saved.q, b, h);
+  for (int64_t i = 0; i < p.N; ++i) {
+    std::copy_n(q.row(i), p.d, buf.q + i * p.d);
+    std::copy_n(g.row(i), p.dv, buf.g + i * p.dv);
+  }
+  float *lse2 = buf.lse2, *delta = buf.delta;
+  for (int64_t i = 0; i < p.N; ++i) {
+    lse2[i] = lse[i] == -INFINITY ? INFINITY : lse[i] * kLog2e;
+    float dot = 0.0f;
+    for (int64_t c = 0; c < p.dv; ++c) dot += o.row(i)[c] * g.row(i)[c];
+    delta[i] = dot;
+  }
+  std::fill_n(buf.dq, p.N * buf.dp, 0.0f);
+  buf.head = b * p.H + h;
+}
+
+void backward_key_tile(const BackwardArgs& args, BackwardBuffers& buf, int64_t b, int64_t h, int64_t kt) {
+  const Problem& p = args.p;
+  const int64_t j0 = kt * p.block_k, nk = std::min(p.block_k, p.M - j0);
+  const int64_t lanes = round_up(nk, kWidth), ld = buf.ld, dp = buf.dp;
+  const Range keys{j0, j0 + nk};
+  const HeadRows k = head_rows(args.saved.k, b, h), v = head_rows(args.saved.v, b, h);
+  const HeadRows q{buf.q, p.d}, g{buf.g, p.dv};  // packed by backward_begin_head
+
+  // Kᵀ scaled into base-2 scores (as the forward's Qᵀ), Vᵀ, and K·scale row-major for dQ = dS (scale·K).
+  const float kscale = p.scale * kLog2e;
+  float *kt_buf = buf.kt, *vt_buf = buf.vt, *ks = buf.ks;
+  for (int64_t c = 0; c < p.d; ++c) {
+    for (int64_t r = 0; r < nk; ++r) kt_buf[c * ld + r] = k.row(j0 + r)[c] * kscale;
+    for (int64_t r = nk; r < lanes; ++r) kt_buf[c * ld + r] = 0.0f;
+  }
+  for (int64_t c = 0; c < p.dv; ++c) {
+    for (int64_t r = 0; r < nk; ++r) vt_buf[c * ld + r] = v.row(j0 + r)[c];
+    for (int64_t r = nk; r < lanes; ++r) vt_buf[c * ld + r] = 0.0f;
+  }
+  for (int64_t r = 0; r < nk; ++r) {
+    for (int64_t c = 0; c < p.d; ++c) ks[r * dp + c] = k.row(j0 + r)[c] * p.scale;
+    for (int64_t c = p.d; c < dp; ++c) ks[r * dp + c] = 0.0f;
+  }
+  float *dkt = buf.dkt, *dvt = buf.dvt, *s = buf.s, *dps = buf.dpp;
+  std::fill_n(dkt, p.d * ld, 0.0f);
+  std::fill_n(dvt, p.dv * ld, 0.0f);
+  const float *lse2 = buf.lse2, *delta = buf.delta;
+  float* dq = buf.dq;
+  const DropoutMatrix dropout(args.options, b, h, p.H, p.M);
+
+  const Range query_range = args.mask.query_range(b, keys);
+  for (int64_t i0 = query_range.begin / p.block_q * p.block_q; i0 < query_range.end; i0 += p.block_q) {
+    const int64_t ni = std::min(p.block_q, p.N - i0);
+    const Range rows{i0, i0 + ni};
+    const TileKind kind = args.mask.classify(b, h, rows, keys);
+    if (kind == TileKind::kSkip) continue;
+    if (kind == TileKind::kPartial) args.mask.fill(b, h, rows, keys, kLog2e, buf.mask, ld, 1);
+
+    // S = Q Kᵀ (base 2, + mask);  P = exp2(S − lse2)
+    tile_product(ni, lanes, p.d, {q.row(i0), q.stride, 1}, {kt_buf, ld}, {s, ld}, Accum::kOverwrite);
+    for (int64_t r = 0; r < ni; ++r) {
+      const Vec row_lse = simd::set1(lse2[i0 + r]);
+      float* srow = s + r * ld;
+      const float* mrow = buf.mask + r * ld;
+      for (int64_t lv = 0; lv < lanes; lv += kWidth) {
+        Vec x = simd::load(srow + lv);
+        if (kind == TileKind::kPartial) x = simd::add(x, simd::load(mrow + lv));
+        // Recomputed scores may exceed lse by rounding: clamp, P <= 1.
+        simd::store(srow + lv, simd::exp2_nonpositive(simd::min(simd::sub(x, row_lse), simd::zero())));
+      }
+    }
+    // dP = dO Vᵀ
+    tile_product(ni, lanes, p.dv, {g.row(i0), g.stride, 1}, {vt_buf, ld}, {dps, ld}, Accum::kOverwrite);
+    // Dropout: the weights that met V are P∘z, and dP (w.r.t. the undropped P) is dP∘z.
+    const float* p_used = s;
+    if (p.dropout) {
+      float* z = buf.z;
+      for (int64_t r = 0; r < ni; ++r) {
+        dropout.fill_row(i0 + r, j0, j0 + nk, p.keep_scale, z + r * ld, 1);
+        for (int64_t lv = 0; lv < lanes; lv += kWidth) {
+          const Vec zz = simd::load(z + r * ld + lv);
+          simd::store(dps + r * ld + lv, simd::mul(simd::load(dps + r * ld + lv), zz));
+          simd::store(z + r * ld + lv, simd::mul(simd::load(s + r * ld + lv), zz));
+        }
+      }
+      p_used = z;
+    }
+    // dVᵀ += dOᵀ (P∘z)
+    tile_product(p.dv, lanes, ni, {g.row(i0), 1, g.stride}, {p_used, ld}, {dvt, ld}, Accum::kAdd);
+    // dS = P ∘ (dP − D)
+    for (int64_t r = 0; r < ni; ++r) {
+      const Vec row_delta = simd::set1(delta[i0 + r]);
+      for (int64_t lv = 0; lv < lanes; lv += kWidth) {
+        const Vec ds = simd::mul(simd::load(s + r * ld + lv), simd::sub(simd::load(dps + r * ld + lv), row_delta));
+        simd::store(dps + r * ld + lv, ds);
+      }
+    }
+    // dKᵀ += Qᵀ dS (scaled at the end);  dQ += dS (scale·K), only over the tile's real keys.
+    tile_product(p.d, lanes, ni, {q.row(i0), 1, q.stride}, {dps, ld}, {dkt, ld}, Accum::kAdd);
+    tile_product(ni, dp, nk, {dps, ld, 1}, {ks, dp}, {dq + i0 * dp, dp}, Accum::kAdd);
+  }
+
+  const HeadRows dk = head_rows(args.grads.dk, b, h), dv = head_rows(args.grads.dv, b, h);
+  for (int64_t r = 0; r < nk; ++r) {
+    float* dkrow = dk.data + (j0 + r) * dk.stride;
+    float* dvrow = dv.data + (j0 + r) * dv.stride;
+    for (int64_t c = 0; c < p.d; ++c) dkrow[c] = dkt[c * ld + r] * p.scale;
+    for (int64_t c = 0; c < p.dv; ++c) dvrow[c] = dvt[c * ld + r];
+  }
+}
+
+void write_dq_rows(const float* acc, int64_t dp, const HeadRows& dq, int64_t N, int64_t d) {
+  for (int64_t i = 0; i < N; ++i) std::copy_n(acc + i * dp, d, dq.data + i * dq.stride);
+}
+
+}  // namespace
+
+const char* flash_isa() { return simd::kIsa; }
+
+FlashConfig flash_resolved_config(const FlashConfig& config, const AttentionOptions& options, int64_t d,
+                                  bool backward) {
+  FlashConfig c = config;
+  CABM_CHECK(c.block_q >= 0 && c.block_k >= 0, "flash tile sizes must be >= 0, got {}x{}", c.block_q, c.block_k);
+  // Chosen on Zen 3 with AVX2 (32 KiB L1d, 512 KiB L2); differences between neighbouring choices
+  // were within the measurement noise of a shared machine (±10%), so the rules are structural:
+  //  - the broadcast dimension of the big products (keys in the forward's S = K·Qᵀ, queries in the
+  //    backward's S and dP) is a multiple of the micro-kernel's 6 rows: no tail blocks;
+  //  - the lane dimension is a multiple of 16 (two AVX2 vectors, a quarter of an AVX-512 chunk);
+  //  - for d > 64 the forward takes 32 query rows so that Qᵀ and Oᵀ stay at 16 KiB each.
+  // Not tuned for AVX-512 (no such machine was available).
+  const int64_t default_q = backward ? 96 : (d > 64 ? 32 : 64);
+  const int64_t default_k = 96;
+  // With a block-sparse layout, tiles that coincide with its blocks let whole blocks be skipped.
+  const auto& layouts = options.mask.block_layouts();
+  if (c.block_q == 0) {
+    c.block_q = default_q;
+    if (!layouts.empty() && layouts[0].block_q >= 8 && layouts[0].block_q <= 256) c.block_q = layouts[0].block_q;
+  }
+  if (c.block_k == 0) {
+    c.block_k = default_k;
+    if (!layouts.empty() && layouts[0].block_k >= 8 && layouts[0].block_k <= 256) c.block_k = layouts[0].block_k;
+  }
+  return c;
+}
+
+void attention_flash_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
+                             const Tensor& out, const Tensor* lse, const FlashConfig& config) {
+  check_attention_shapes(q, k, v, out);
+  const Problem p = make_problem(q, k, v, options, config, false);
+  if (lse)
+    CABM_CHECK(lse->dtype() == DType::F32 && lse->shape() == (Shape{p.B, p.H, p.N}) && lse->is_contiguous(),
+               "lse must be a contiguous F32 [B, H, N] tensor, got {}", shape_str(lse->shape()));
+  const FlashMask mask(options.mask, p.B, p.H, p.N, p.M);
+  // K and V packed head by head into contiguous rows. Heads are strided views (row stride H·d, or
+  // 3·H·d in a fused projection): the rows of one tile, a power-of-two multiple of 512 bytes apart,
+  // would fall into a few L1 sets and evict each other. Packing costs one pass over K and V.
+  float* const k_packed = scratch(kPackedK, p.B * p.H * p.M * p.d);
+  float* const v_packed = scratch(kPackedV, p.B * p.H * p.M * p.dv);
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < p.B; ++b) {
+    for (int64_t h = 0; h < p.H; ++h) {
+      const HeadRows ks = head_rows(k, b, h), vs = head_rows(v, b, h);
+      float* kd = k_packed + (b * p.H + h) * p.M * p.d;
+      float* vd = v_packed + (b * p.H + h) * p.M * p.dv;
+      for (int64_t j = 0; j < p.M; ++j) {
+        std::copy_n(ks.row(j), p.d, kd + j * p.d);
+        std::copy_n(vs.row(j), p.dv, vd + j * p.dv);
+      }
+    }
+  }
+  const ForwardArgs args{q, out, k_packed, v_packed, lse ? lse->data<float>() : nullptr, options, mask, p};
+
+  // Work items heaviest first (causal and windowed tiles differ in cost), handed out dynamically.
+  struct Item {
+    int64_t b, h, qt, cost;
+  };
+  const int64_t n_qt = ceil_div(p.N, p.block_q);
+  std::vector<Item> items;
+  items.reserve(static_cast<size_t>(p.B * p.H * n_qt));
+  for (int64_t b = 0; b < p.B; ++b) {
+    for (int64_t qt = 0; qt < n_qt; ++qt) {
+      const Range keys = mask.key_range(b, {qt * p.block_q, std::min(p.N, (qt + 1) * p.block_q)});
+      for (int64_t h = 0; h < p.H; ++h) items.push_back({b, h, qt, keys.end - keys.begin});
+    }
+  }
+  std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) { return x.cost > y.cost; });
+
+#pragma omp parallel
+  {
+    ForwardBuffers buf(p);
+#pragma omp for schedule(dynamic, 1)
+    for (size_t n = 0; n < items.size(); ++n) forward_query_tile(args, buf, items[n].b, items[n].h, items[n].qt);
+  }
+}
+
+// Work split of the backward. dk and dv are split by key tile, so each has one writer. dq of a
+// query row gets a contribution from every key tile, and a separate dq pass would redo two of the
+// five block products (S and dP), 40% more work; atomics would serialise. Instead the work items
+// (b, h, key tile), in order, are cut into one contiguous run per thread with equal estimated cost,
+// and each thread accumulates dq for the head in hand in a private [N, d] buffer: a head within
+// one thread's run is written directly, and the few heads cut between runs (at most one per
+// boundary) are summed from the threads' partial buffers in thread order after a barrier. So dq is
+// deterministic for a given thread count, costs no extra arithmetic and O(threads · N · d) memory.
+void attention_flash_backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
+                              const AttentionGrads& grads, const FlashConfig& config) {
+  check_attention_backward_shapes(saved, dout, grads);
+  CABM_CHECK(saved.lse.defined(), "attention_flash_backward needs the forward's log-sum-exp (saved.lse)");
+  const Problem p = make_problem(saved.q, saved.k, saved.v, options, config, true);
+  const FlashMask mask(options.mask, p.B, p.H, p.N, p.M);
+  const BackwardArgs args{saved, dout, grads, options, mask, p};
+
+  const int64_t n_kt = ceil_div(p.M, p.block_k), heads = p.B * p.H;
+  const int64_t n_items = heads * n_kt;
+  // prefix[n] = estimated cost of items [0, n): query rows in range, + 1 so that empty items count.
+  std::vector<int64_t> prefix(static_cast<size_t>(n_items + 1), 0);
+  for (int64_t n = 0; n < n_items; ++n) {
+    const int64_t b = n / n_kt / p.H, kt = n % n_kt;
+    const Range rows = mask.query_range(b, {kt * p.block_k, std::min(p.M, (kt + 1) * p.block_k)});
+    prefix[n + 1] = prefix[n] + (rows.end - rows.begin) + 1;
+  }
+  const int64_t total = prefix.back();
+  const int max_threads = omp_get_max_threads();
+  struct Partial {  // dq of a head this thread shares with a neighbour
+    int64_t head = -1;
+    Floats acc;
+  };
+  std::vector<std::array<Partial, 2>> partials(static_cast<size_t>(max_threads));
+
+#pragma omp parallel
+  {
+    const int t = omp_get_thread_num(), T = omp_get_num_threads();
+    const auto cut = [&](int u) {
+      return static_cast<int64_t>(std::lower_bound(prefix.begin(), prefix.end(), total * u / T) - prefix.begin());
+    };
+    const Range run{cut(t), cut(t + 1)};
+    if (run.begin < run.end) {
+      BackwardBuffers buf(p);
+      const auto finish_head = [&]() {
+        const int64_t hd = buf.head, b = hd / p.H, h = hd % p.H;
+        if (hd * n_kt >= run.begin && (hd + 1) * n_kt <= run.end) {
+          write_dq_rows(buf.dq, buf.dp, head_rows(grads.dq, b, h), p.N, p.d);
+        } else {
+          Partial& slot = partials[t][hd * n_kt < run.begin ? 0 : 1];
+          slot.head = hd;
+          slot.acc = Floats(p.N * buf.dp);
+          std::copy_n(buf.dq, p.N * buf.dp, slot.acc.get());
+        }
+      };
+      for (int64_t n = run.begin; n < run.end; ++n) {
+        const int64_t hd = n / n_kt;
+        if (hd != buf.head) {
+          if (buf.head >= 0) finish_head();
+          backward_begin_head(args, buf, hd / p.H, hd % p.H);
+        }
+        backward_key_tile(args, buf, hd / p.H, hd % p.H, n % n_kt);
+      }
+      finish_head();
+    }
+#pragma omp barrier
+    // Heads cut between runs: the thread where the head starts (its slot 1) sums all parts in
+    // thread order; later threads hold the rest in their slot 0.
+    if (Partial& mine = partials[t][1]; mine.head >= 0) {
+      const int64_t hd = mine.head;
+      const int64_t dp = round_up(p.d, kWidth);
+      float* acc = mine.acc.get();
+      for (int u = t + 1; u < T; ++u) {
+        const Partial& other = partials[u][0];
+        if (other.head != hd) continue;
+        for (int64_t e = 0; e < p.N * dp; ++e) acc[e] += other.acc.get()[e];
+      }
+      write_dq_rows(acc, dp, head_rows(grads.dq, hd / p.H, hd % p.H), p.N, p.d);
+    }
+  }
+}
+
+}  // namespace cabm
