@@ -21,7 +21,12 @@ struct LayerNormCache {
   Tensor rstd;  // [rows]
 };
 
-// x, y: [rows, E] row views (y may alias x).
+// x, y: [rows, E] row views (y may alias x; then the backward pass needs x kept elsewhere).
 void layer_norm_forward(const LayerNorm& norm, const Tensor& x, const Tensor& y, LayerNormCache& cache);
+
+// x: [rows, E] the forward input; dy: [rows, E]; dx: [rows, E] written (may alias dy).
+// grads.weight/bias [E] accumulate (see kernels/layernorm.h for the derivation).
+void layer_norm_backward(const LayerNorm& norm, const Tensor& x, const Tensor& dy, const Tensor& dx,
+                         const LayerNormCache& cache, LayerNorm& grads);
 
 }  // namespace cabm

@@ -1,4 +1,9 @@
 // Linear map y = x Wᵀ + b, PyTorch's nn.Linear (weight [out, in]).
+//
+// Gradients ACCUMULATE: every *_backward in nn/ adds into the parameter gradients of `grads`
+// (a module of the same configuration; see nn/parameters.h), so micro-batches accumulate by
+// calling backward repeatedly; zero the gradients (zero_parameters) once per optimiser step.
+// Input gradients (dx) are OVERWRITTEN unless a function says otherwise.
 #pragma once
 
 #include "core/tensor.h"
@@ -18,7 +23,20 @@ Linear make_linear(int64_t in_features, int64_t out_features, bool bias);  // ze
 // x: [rows, in], y: [rows, out] — 2-d views with unit column stride (row strides free).
 void linear_forward(const Linear& layer, const Tensor& x, const Tensor& y);
 
+// With y = x Wᵀ + b (y_rc = Σ_k x_rk W_ck + b_c):
+//   dx  = dy W          [rows, in]   (written, or added when accumulate_dx)
+//   dW += dyᵀ x         [out, in]
+//   db += Σ_rows dy     [out]
+// x: [rows, in] the forward input; dy: [rows, out]; dx: [rows, in] or undefined (skipped).
+// grad: same shapes as layer (its weight may be a strided view, e.g. of a packed gradient).
+void linear_backward(const Linear& layer, const Tensor& x, const Tensor& dy, const Tensor& dx, Linear& grad,
+                     bool accumulate_dx = false);
+
 // A contiguous [.., E] tensor seen as [rows, E] (a view; 2-d tensors pass through).
 Tensor as_rows(const Tensor& t);
+
+// out[c] += Σ_r x[r, c] over a [rows, cols] view (unit column stride). Summed in a fixed
+// number of row chunks, so the result is bitwise the same for every thread count.
+void add_column_sums(const Tensor& x, float* out);
 
 }  // namespace cabm

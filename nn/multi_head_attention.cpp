@@ -1,6 +1,8 @@
 #include "nn/multi_head_attention.h"
 
-#include "kernels/attention_reference.h"
+#include "kernels/attention.h"
+
+#include <algorithm>
 
 namespace cabm {
 
@@ -68,7 +70,8 @@ const Tensor& multi_head_attention_forward(const MultiHeadAttention& mha, const 
   const int64_t B = in.query.size(0), N = in.query.size(1), M = in.key.size(1);
   const int64_t E = mha.embed_dim(), H = mha.num_heads(), d = mha.head_dim();
 
-  if (mha.packed() && is_self_attention(in)) {
+  cache.self_attention = mha.packed() && is_self_attention(in);
+  if (cache.self_attention) {
     // One GEMM for Q, K and V: [B·N, E] × [E, 3E].
     ensure_shape(cache.qkv, {B, N, 3 * E});
     const Linear fused{mha.in_proj_weight, mha.in_proj_bias};
@@ -83,19 +86,24 @@ const Tensor& multi_head_attention_forward(const MultiHeadAttention& mha, const 
     for (int p = 0; p < 3; ++p) {
       const int64_t L = inputs[p]->size(1);
       // Own contiguous [B, L, E] buffers; reallocated only when the shape changes.
-      if (!heads[p]->defined() || heads[p]->shape() != Shape{B, L, H, d} || !heads[p]->is_contiguous())
+      if (!heads[p]->defined() || heads[p]->shape() != Shape{B, L, H, d} || !heads[p]->is_contiguous() ||
+          heads[p]->shares_storage(cache.qkv))
         *heads[p] = Tensor::empty({B, L, H, d});
       linear_forward(*projections[p], as_rows(inputs[p]->contiguous()), heads[p]->view({B * L, E}));
     }
   }
 
   ensure_shape(cache.attn, {B, N, E});
-  AttentionOptions options;
-  options.mask = in.mask;
+  ensure_shape(cache.lse, {B, H, N});
+  cache.options = AttentionOptions{};
+  cache.options.mask = in.mask;
+  cache.options.dropout = in.dropout;
+  cache.options.dropout_seed = in.dropout_seed;
+  cache.options.dropout_offset = in.dropout_offset;
   const Tensor attn_heads = cache.attn.view({B, N, H, d});
   if (in.need_weights) {
     ensure_shape(cache.weights, {B, H, N, M});
-    attention_reference_forward(cache.q, cache.k, cache.v, options, attn_heads, &cache.weights);
+    attention_reference_forward(cache.q, cache.k, cache.v, cache.options, attn_heads, &cache.weights, &cache.lse);
     if (in.average_weights) {
       // PyTorch's attn_output_weights.mean(dim=1).
       ensure_shape(cache.averaged_weights, {B, N, M});
@@ -109,11 +117,139 @@ const Tensor& multi_head_attention_forward(const MultiHeadAttention& mha, const 
         }
     }
   } else {
-    attention_reference_forward(cache.q, cache.k, cache.v, options, attn_heads);
+    attention_forward(cache.q, cache.k, cache.v, cache.options, attn_heads, &cache.lse);  // the fast path
   }
 
   ensure_shape(cache.output, {B, N, E});
   linear_forward(mha.out_proj, as_rows(cache.attn), as_rows(cache.output));
+  return cache.output;
+}
+
+namespace {
+bool same_tensor(const Tensor& a, const Tensor& b) {
+  return a.defined() && b.defined() && a.raw_data() == b.raw_data() && a.shape() == b.shape() &&
+         a.strides() == b.strides();
+}
+
+// A [B, L, W] input or input gradient as [B·L, W] rows (contiguous tensors only).
+Tensor rows_of(const Tensor& t) { return t.defined() ? as_rows(t) : Tensor(); }
+}  // namespace
+
+void multi_head_attention_backward(const MultiHeadAttention& mha, const AttentionInputs& in, const Tensor& dout,
+                                   MultiHeadAttentionCache& cache, MultiHeadAttention& grads,
+                                   const AttentionInputGrads& dinputs) {
+  check_inputs(mha, in);
+  const int64_t B = in.query.size(0), N = in.query.size(1), M = in.key.size(1);
+  const int64_t E = mha.embed_dim(), H = mha.num_heads(), d = mha.head_dim();
+  CABM_CHECK(cache.output.defined() && cache.output.shape() == (Shape{B, N, E}) && cache.k.size(1) == M,
+             "MultiheadAttention backward without a matching forward");
+  CABM_CHECK(dout.shape() == (Shape{B, N, E}) && dout.is_contiguous(), "MultiheadAttention: dout {} must be [{}, {}, {}]",
+             shape_str(dout.shape()), B, N, E);
+  CABM_CHECK(grads.config.embed_dim == E && grads.packed() == mha.packed() &&
+                 grads.config.kdim == mha.config.kdim && grads.config.vdim == mha.config.vdim,
+             "MultiheadAttention gradients must come from a module of the same configuration");
+  auto check_grad = [](const Tensor& g, const Tensor& x, const char* name) {
+    if (g.defined() && (g.shape() != x.shape() || !g.is_contiguous()))
+      throw Error(fmt::format("MultiheadAttention: gradient of {} must be contiguous {}, got {}", name,
+                              shape_str(x.shape()), shape_str(g.shape())));
+  };
+  check_grad(dinputs.query, in.query, "query");
+  check_grad(dinputs.key, in.key, "key");
+  check_grad(dinputs.value, in.value, "value");
+
+  // out_proj: d(attn) = dout W_O;  dW_O += doutᵀ attn;  db_O += Σ dout.
+  ensure_shape(cache.d_attn, {B, N, E});
+  linear_backward(mha.out_proj, as_rows(cache.attn), as_rows(dout), as_rows(cache.d_attn), grads.out_proj);
+
+  // Attention: dQ, dK, dV (head views of [B, *, E] buffers).
+  if (cache.self_attention) {
+    ensure_shape(cache.d_qkv, {B, N, 3 * E});
+    cache.d_q = split_heads(cache.d_qkv, 0, B, N, H, d, 3 * E);
+    cache.d_k = split_heads(cache.d_qkv, E, B, N, H, d, 3 * E);
+    cache.d_v = split_heads(cache.d_qkv, 2 * E, B, N, H, d, 3 * E);
+  } else {
+    Tensor* heads[3] = {&cache.d_q, &cache.d_k, &cache.d_v};
+    const int64_t lengths[3] = {N, M, M};
+    for (int p = 0; p < 3; ++p) {
+      const Shape shape{B, lengths[p], H, d};
+      if (!heads[p]->defined() || heads[p]->shape() != shape || !heads[p]->is_contiguous() ||
+          heads[p]->shares_storage(cache.d_qkv))
+        *heads[p] = Tensor::empty(shape);
+    }
+  }
+  const AttentionSaved saved{cache.q, cache.k, cache.v, cache.attn.view({B, N, H, d}), cache.lse};
+  attention_backward(saved, cache.d_attn.view({B, N, H, d}), cache.options,
+                     AttentionGrads{cache.d_q, cache.d_k, cache.d_v});
+
+  // Input projections: d(input) = dX W_X;  dW_X += dXᵀ input;  db_X += Σ dX (X = Q, K, V).
+  const bool all_alias = same_tensor(dinputs.query, dinputs.key) && same_tensor(dinputs.query, dinputs.value);
+  const bool none = !dinputs.query.defined() && !dinputs.key.defined() && !dinputs.value.defined();
+  if (cache.self_attention && (all_alias || none)) {
+    // One GEMM pair for the packed projection: d(input) = d(QKV) W_in, dW_in += d(QKV)ᵀ input.
+    const Linear fused{mha.in_proj_weight, mha.in_proj_bias};
+    Linear fused_grad{grads.in_proj_weight, grads.in_proj_bias};
+    linear_backward(fused, as_rows(in.query.contiguous()), as_rows(cache.d_qkv), rows_of(dinputs.query), fused_grad);
+    return;
+  }
+  auto d_rows = [&](int p, int64_t L) -> Tensor {
+    if (cache.self_attention) return cache.d_qkv.as_strided({B * L, E}, {3 * E, 1}, p * E);
+    const Tensor* heads[3] = {&cache.d_q, &cache.d_k, &cache.d_v};
+    return heads[p]->view({B * L, E});
+  };
+  const Linear* projections[3] = {&mha.q_proj, &mha.k_proj, &mha.v_proj};
+  Linear* projection_grads[3] = {&grads.q_proj, &grads.k_proj, &grads.v_proj};
+  const Tensor* inputs[3] = {&in.query, &in.key, &in.value};
+  const Tensor* outputs[3] = {&dinputs.query, &dinputs.key, &dinputs.value};
+  for (int p = 0; p < 3; ++p) {
+    bool accumulate = false;
+    for (int earlier = 0; earlier < p; ++earlier) accumulate = accumulate || same_tensor(*outputs[p], *outputs[earlier]);
+    const int64_t L = inputs[p]->size(1);
+    linear_backward(*projections[p], as_rows(inputs[p]->contiguous()), d_rows(p, L), rows_of(*outputs[p]),
+                    *projection_grads[p], accumulate);
+  }
+}
+
+void kv_cache_reset(KVCache& kv, int64_t B, int64_t capacity, int64_t E) {
+  CABM_CHECK(B > 0 && capacity > 0 && E > 0, "KV cache sizes must be positive (B={}, capacity={}, E={})", B, capacity,
+             E);
+  ensure_shape(kv.k, {B, capacity, E});
+  ensure_shape(kv.v, {B, capacity, E});
+  kv.length = 0;
+}
+
+const Tensor& multi_head_attention_decode(const MultiHeadAttention& mha, const Tensor& x, KVCache& kv,
+                                          MultiHeadAttentionCache& cache) {
+  const int64_t E = mha.embed_dim(), H = mha.num_heads(), d = mha.head_dim();
+  CABM_CHECK(mha.config.kdim == E && mha.config.vdim == E, "decoding needs self-attention (kdim = vdim = E)");
+  CABM_CHECK(x.dim() == 3 && x.size(2) == E && x.is_contiguous(), "decode input {} must be contiguous [B, n, {}]",
+             shape_str(x.shape()), E);
+  const int64_t B = x.size(0), n = x.size(1), cap = kv.capacity();
+  CABM_CHECK(kv.k.defined() && kv.k.size(0) == B && kv.k.size(2) == E, "KV cache {} does not fit input {}",
+             shape_str(kv.k.shape()), shape_str(x.shape()));
+  if (kv.length + n > cap)
+    throw Error(fmt::format("KV cache full: {} positions + {} new exceed its capacity {}", kv.length, n, cap));
+
+  // Q of the new positions; K and V appended to the cache, batch item by batch item (the
+  // cache rows of one item are contiguous, those of different items are cap·E apart).
+  if (cache.q.shares_storage(cache.qkv)) cache.q = Tensor();  // never write into a forward's packed buffer
+  ensure_shape(cache.q, {B, n, H, d});
+  linear_forward(mha.q_proj, as_rows(x), cache.q.view({B * n, E}));
+  for (int64_t b = 0; b < B; ++b) {
+    const Tensor xb = x.select(0, b);
+    linear_forward(mha.k_proj, xb, kv.k.select(0, b).narrow(0, kv.length, n));
+    linear_forward(mha.v_proj, xb, kv.v.select(0, b).narrow(0, kv.length, n));
+  }
+  const int64_t L = kv.length + n;
+  const Tensor k = kv.k.as_strided({B, L, H, d}, {cap * E, E, d, 1});
+  const Tensor v = kv.v.as_strided({B, L, H, d}, {cap * E, E, d, 1});
+
+  ensure_shape(cache.attn, {B, n, E});
+  AttentionOptions options;
+  options.mask = Mask::causal(CausalAlign::kBottomRight);
+  attention_forward(cache.q, k, v, options, cache.attn.view({B, n, H, d}));
+  ensure_shape(cache.output, {B, n, E});
+  linear_forward(mha.out_proj, as_rows(cache.attn), as_rows(cache.output));
+  kv.length = L;
   return cache.output;
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "core/tensor.h"
+#include "kernels/attention.h"
 #include "kernels/mask.h"
 #include "nn/linear.h"
 
@@ -44,6 +45,10 @@ struct AttentionInputs {
   Mask mask;
   bool need_weights = false;    // also compute attention weights (reference path)
   bool average_weights = true;  // weights averaged over heads [B, N, M], else [B, H, N, M]
+  // Training: dropout on the attention weights (see AttentionOptions; 0 = none).
+  float dropout = 0.0f;
+  uint64_t dropout_seed = 0;
+  uint64_t dropout_offset = 0;
 };
 
 // Activations of one call, kept for the backward pass and reused across calls of one shape.
@@ -51,13 +56,53 @@ struct MultiHeadAttentionCache {
   Tensor qkv;      // [B, N, 3E] packed self-attention projections, or undefined
   Tensor q, k, v;  // [B, N, H, d], [B, M, H, d], [B, M, H, d] (views into qkv or own buffers)
   Tensor attn;     // [B, N, E]: heads merged, input of out_proj
+  Tensor lse;      // [B, H, N]: log-sum-exp of each score row (for the backward pass)
   Tensor weights;  // [B, H, N, M] when need_weights
   Tensor output;   // [B, N, E]
   Tensor averaged_weights;  // [B, N, M] when need_weights and average_weights
+  AttentionOptions options; // mask, scale and dropout of the last forward
+  bool self_attention = false;  // the last forward ran the packed self-attention GEMM
+  // Backward scratch.
+  Tensor d_attn;              // [B, N, E]
+  Tensor d_qkv;               // [B, N, 3E] (self-attention) — or d_q, d_k, d_v:
+  Tensor d_q, d_k, d_v;       // [B, N, H, d], [B, M, H, d], [B, M, H, d] views
 };
 
 // Returns cache.output; the requested weights are in cache.averaged_weights or cache.weights.
 const Tensor& multi_head_attention_forward(const MultiHeadAttention& mha, const AttentionInputs& inputs,
                                            MultiHeadAttentionCache& cache);
+
+// Gradients with respect to the three inputs. Undefined tensors are skipped. Outputs that
+// share storage and strides with an earlier one (self-attention passes the same tensor three
+// times) receive the SUM of the gradients; otherwise each is overwritten.
+struct AttentionInputGrads {
+  Tensor query;  // [B, N, E]
+  Tensor key;    // [B, M, kdim]
+  Tensor value;  // [B, M, vdim]
+};
+
+// inputs: exactly as given to the forward (same tensors, unchanged); dout: [B, N, E].
+//   d(attn) = dout W_O,  dW_O += doutᵀ attn,  db_O += Σ dout
+//   dQ, dK, dV from attention_backward (kernels/attention.h; softmax backward through S = QKᵀ·scale)
+//   dquery = dQ W_Q,  dW_Q += dQᵀ query,  db_Q += Σ dQ  (likewise K, V)
+// Parameter gradients accumulate into grads (a module of the same configuration).
+void multi_head_attention_backward(const MultiHeadAttention& mha, const AttentionInputs& inputs, const Tensor& dout,
+                                   MultiHeadAttentionCache& cache, MultiHeadAttention& grads,
+                                   const AttentionInputGrads& dinputs);
+
+// Keys and values of the positions seen so far, for incremental decoding (one per layer).
+struct KVCache {
+  Tensor k, v;         // [B, capacity, E]; heads are [B, capacity, H, d] views
+  int64_t length = 0;  // positions filled
+  int64_t capacity() const { return k.defined() ? k.size(1) : 0; }
+};
+void kv_cache_reset(KVCache& kv, int64_t B, int64_t capacity, int64_t E);  // allocates once per shape
+
+// Incremental self-attention: x [B, n, E] holds the inputs of the n new positions
+// length .. length+n−1. Appends their K, V to the cache, attends from the n queries to all
+// length+n cached keys with a bottom-right causal mask (query i sees keys ≤ length + i), so a
+// token costs O(length); advances kv.length by n. Returns cache.output [B, n, E]. Eval only.
+const Tensor& multi_head_attention_decode(const MultiHeadAttention& mha, const Tensor& x, KVCache& kv,
+                                          MultiHeadAttentionCache& cache);
 
 }  // namespace cabm

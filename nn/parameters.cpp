@@ -40,3 +40,38 @@ void append_parameters(const Encoder& encoder, const std::string& prefix, NamedT
 }
 
 }  // namespace cabm
+
+namespace cabm {
+
+void append_parameters(const Embedding& embed, const std::string& prefix, NamedTensors& out) {
+  out.push_back({prefix + "weight", embed.weight});
+}
+
+void append_parameters(const CausalLM& model, const std::string& prefix, NamedTensors& out) {
+  append_parameters(model.embed, prefix + "embed.", out);
+  if (model.pos_embed.weight.defined()) append_parameters(model.pos_embed, prefix + "pos_embed.", out);
+  append_parameters(model.encoder, prefix + "encoder.", out);
+  if (model.head.weight.defined()) out.push_back({prefix + "head.weight", model.head.weight});
+}
+
+void append_parameters(const Classifier& model, const std::string& prefix, NamedTensors& out) {
+  append_parameters(model.embed, prefix + "embed.", out);
+  if (model.pos_embed.weight.defined()) append_parameters(model.pos_embed, prefix + "pos_embed.", out);
+  append_parameters(model.encoder, prefix + "encoder.", out);
+  append_parameters(model.classifier, prefix + "classifier.", out);
+}
+
+void zero_parameters(const NamedTensors& params) {
+  for (const NamedTensor& p : params) {
+    Tensor view = p.tensor;  // shares the storage
+    view.fill(0.0f);
+  }
+}
+
+int64_t parameter_count(const NamedTensors& params) {
+  int64_t n = 0;
+  for (const NamedTensor& p : params) n += p.tensor.numel();
+  return n;
+}
+
+}  // namespace cabm
