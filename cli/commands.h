@@ -6,5 +6,8 @@
 namespace cabm::cli {
 
 void register_forward(CLI::App& app);
+void register_train(CLI::App& app);     // cmd_train.cpp
+void register_generate(CLI::App& app);  // cmd_generate.cpp
+void register_eval(CLI::App& app);      // cmd_eval.cpp
 
 }  // namespace cabm::cli

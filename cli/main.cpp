@@ -14,6 +14,13 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "cabm 0.1.0");
   cabm::cli::register_forward(app);
+  cabm::cli::register_train(app);
+  cabm::cli::register_generate(app);
+  cabm::cli::register_eval(app);
+  // A bad flag is one line on stderr (CLI11's default adds a second "Run with --help" line).
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return std::string("cabm: error: ") + e.what() + " (see --help)\n";
+  });
   try {
     cabm::init_threads_from_env();
     app.parse(argc, argv);

@@ -1,0 +1,183 @@
+// Checkpoints: layout, atomicity (a crash at any point leaves a loadable `latest`), keep
+// policy, clear errors for broken ones, and bit-exact resume: 2k steps straight equal
+// k steps + save + restore + k steps, losses and weights, with dropout and accumulation on.
+#include "train/checkpoint.h"
+#include "train/lm_trainer.h"
+#include "util/test_util.h"
+
+#include <filesystem>
+#include <fstream>
+
+namespace cabm {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string fresh_dir(const std::string& name) {
+  const std::string dir = test::temp_dir() + "/" + name;
+  fs::remove_all(dir);
+  return dir;
+}
+
+TextSplit tiny_text() {
+  TextSplit t;
+  t.source = "tiny";
+  const std::string base =
+      "the quick brown fox jumps over the lazy dog. pack my box with five dozen liquor jugs. "
+      "how vexingly quick daft zebras jump! sphinx of black quartz, judge my vow.\n";
+  for (int i = 0; i < 40; ++i) t.train += base.substr(static_cast<size_t>(i % 7)) + base.substr(0, static_cast<size_t>(i % 7));
+  t.validation = base + base;
+  return t;
+}
+
+TrainConfig tiny_config(const std::string& out) {
+  TrainConfig c;
+  c.out_dir = out;
+  c.layers = 1;
+  c.heads = 2;
+  c.d_model = 16;
+  c.d_ff = 32;
+  c.seq_len = 16;
+  c.batch_size = 4;
+  c.accum = 2;
+  c.dropout = 0.1f;  // exercises the dropout streams across the restart
+  c.steps = 12;
+  c.schedule.kind = ScheduleKind::kCosine;
+  c.schedule.lr = 3e-3;
+  c.schedule.warmup = 3;
+  c.seed = 7;
+  c.eval_windows = 4;
+  return c;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Resume, BitExactAfterRestart) {
+  test::ScopedThreads threads(2);
+  const int64_t k = 6;
+  // Uninterrupted: 2k steps.
+  LmTrainer straight(tiny_config(fresh_dir("straight")), tiny_text());
+  std::vector<double> expected;
+  for (int64_t s = 0; s < 2 * k; ++s) expected.push_back(straight.train_step().loss);
+
+  // k steps, checkpoint, a new process's worth of objects, restore, k more.
+  const std::string out = fresh_dir("interrupted");
+  {
+    LmTrainer first(tiny_config(out), tiny_text());
+    for (int64_t s = 0; s < k; ++s) EXPECT_EQ(first.train_step().loss, expected[static_cast<size_t>(s)]) << s;
+    first.save();
+  }
+  LmTrainer second(tiny_config(out), tiny_text());
+  second.restore(load_checkpoint(out, true));
+  EXPECT_EQ(second.step(), k);
+  for (int64_t s = k; s < 2 * k; ++s) EXPECT_EQ(second.train_step().loss, expected[static_cast<size_t>(s)]) << "step " << s + 1;
+  // Weights and optimizer state agree bit for bit.
+  for (size_t i = 0; i < straight.parameters().size(); ++i) {
+    EXPECT_EQ(straight.parameters()[i].tensor.to_vector(), second.parameters()[i].tensor.to_vector())
+        << straight.parameters()[i].name;
+    EXPECT_EQ(straight.optimizer().exp_avg_sq[i].to_vector(), second.optimizer().exp_avg_sq[i].to_vector());
+  }
+  EXPECT_EQ(straight.data_position(), second.data_position());
+  EXPECT_EQ(straight.evaluate(), second.evaluate());
+}
+
+TEST(Checkpoint, LayoutAndKeepPolicy) {
+  const std::string out = fresh_dir("layout");
+  LmTrainer trainer(tiny_config(out), tiny_text());
+  for (int i = 0; i < 3; ++i) {
+    trainer.train_step();
+    trainer.save({{"val_loss", 1.5}});
+  }
+  // keep = 2: steps 2 and 3 remain; latest names 3.
+  EXPECT_FALSE(fs::exists(out + "/step-00000001"));
+  EXPECT_TRUE(fs::exists(out + "/step-00000002/model.safetensors"));
+  for (const char* file : {kModelFile, kOptimizerFile, kStateFile})
+    EXPECT_TRUE(fs::exists(out + "/step-00000003/" + file)) << file;
+  EXPECT_EQ(resolve_checkpoint(out), out + "/step-00000003");
+  EXPECT_EQ(resolve_checkpoint(out + "/step-00000002"), out + "/step-00000002");
+
+  const LoadedCheckpoint c = load_checkpoint(out, true);
+  EXPECT_EQ(c.state.at("step").get<int64_t>(), 3);
+  EXPECT_EQ(c.state.at("metrics").at("val_loss").get<double>(), 1.5);
+  EXPECT_EQ(c.model.get_metadata("model"), "CausalLM");
+  EXPECT_EQ(c.model.get_metadata("d_model"), "16");
+  EXPECT_EQ(c.optimizer->get_metadata("step"), "3");
+  EXPECT_TRUE(c.optimizer->find("exp_avg.embed.weight") != nullptr);
+  EXPECT_TRUE(c.optimizer->find("exp_avg_sq.encoder.norm.bias") != nullptr);
+  // PyTorch names in the model file.
+  EXPECT_TRUE(c.model.find("encoder.layers.0.self_attn.in_proj_weight") != nullptr);
+  EXPECT_TRUE(c.model.find("pos_embed.weight") != nullptr);
+}
+
+TEST(Checkpoint, CrashLeftoversAreIgnoredAndCleaned) {
+  const std::string out = fresh_dir("crash");
+  LmTrainer trainer(tiny_config(out), tiny_text());
+  trainer.train_step();
+  trainer.save();
+  // A crash while writing step 2: a half-written hidden directory...
+  fs::create_directories(out + "/.tmp-step-00000002-abcdef");
+  std::ofstream(out + "/.tmp-step-00000002-abcdef/model.safetensors") << "trunc";
+  // ...and a crash after the directory rename but before `latest` moved on.
+  fs::copy(out + "/step-00000001", out + "/step-00000005", fs::copy_options::recursive);
+  EXPECT_EQ(resolve_checkpoint(out), out + "/step-00000001");
+  EXPECT_NO_THROW(load_checkpoint(out, true));
+  trainer.train_step();
+  trainer.save();
+  EXPECT_FALSE(fs::exists(out + "/.tmp-step-00000002-abcdef"));
+  EXPECT_EQ(resolve_checkpoint(out), out + "/step-00000002");
+  // Re-saving an existing step replaces it whole.
+  trainer.save();
+  EXPECT_EQ(resolve_checkpoint(out), out + "/step-00000002");
+  EXPECT_NO_THROW(load_checkpoint(out, true));
+}
+
+TEST(Checkpoint, BrokenCheckpointsGiveClearErrors) {
+  const std::string out = fresh_dir("broken");
+  EXPECT_NE(error_of([&] { load_checkpoint(out, false); }).find("no such checkpoint directory"), std::string::npos);
+  fs::create_directories(out);
+  EXPECT_NE(error_of([&] { load_checkpoint(out, false); }).find("not a checkpoint"), std::string::npos);
+  std::ofstream(out + "/latest") << "step-00000009\n";
+  EXPECT_NE(error_of([&] { load_checkpoint(out, false); }).find("step-00000009"), std::string::npos);
+  std::ofstream(out + "/latest") << "garbage\n";
+  EXPECT_NE(error_of([&] { load_checkpoint(out, false); }).find("malformed"), std::string::npos);
+
+  LmTrainer trainer(tiny_config(out), tiny_text());
+  trainer.train_step();
+  const std::string dir = trainer.save();
+  fs::remove(dir + "/" + kOptimizerFile);
+  EXPECT_NO_THROW(load_checkpoint(out, false));  // enough to generate or evaluate
+  EXPECT_NE(error_of([&] { load_checkpoint(out, true); }).find("optimizer.safetensors"), std::string::npos);
+  std::ofstream(dir + "/" + kModelFile, std::ios::trunc) << "not safetensors";
+  const std::string message = error_of([&] { load_checkpoint(out, false); });
+  EXPECT_NE(message.find(dir + "/model.safetensors"), std::string::npos) << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+}
+
+TEST(Checkpoint, OptimizerStateRoundTrip) {
+  Tensor w = test::random_tensor({3, 4}, 1), b = test::random_tensor({4}, 2);
+  const NamedTensors params = {{"l.weight", w}, {"l.bias", b}};
+  AdamW opt = make_adamw(params, AdamWConfig{});
+  const NamedTensors grads = {{"l.weight", test::random_tensor({3, 4}, 3)}, {"l.bias", test::random_tensor({4}, 4)}};
+  adamw_step(opt, params, grads, 0.1);
+  adamw_step(opt, params, grads, 0.1);
+  const std::string path = test::temp_dir() + "/opt.safetensors";
+  write_safetensors(path, adamw_state_tensors(opt), adamw_state_metadata(opt));
+  AdamW other = make_adamw(params, AdamWConfig{});
+  load_adamw_state(read_safetensors(path), other);
+  EXPECT_EQ(other.step, 2);
+  EXPECT_EQ(other.exp_avg[0].to_vector(), opt.exp_avg[0].to_vector());
+  EXPECT_EQ(other.exp_avg_sq[1].to_vector(), opt.exp_avg_sq[1].to_vector());
+  // A model with different parameters is refused.
+  AdamW wrong = make_adamw({{"l.weight", Tensor::zeros({3, 5})}}, AdamWConfig{});
+  EXPECT_THROW(load_adamw_state(read_safetensors(path), wrong), Error);
+}
+
+}  // namespace
+}  // namespace cabm

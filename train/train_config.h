@@ -1,0 +1,61 @@
+// The hyper-parameters of a training run (the `cabm train` flags), shared by both tasks, and
+// their JSON form in a checkpoint's state.json (so --resume continues with the same ones).
+#pragma once
+
+#include "train/adamw.h"
+#include "train/schedule.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace cabm {
+
+enum class TrainTask { kLanguageModel, kLanguageId };
+
+struct TrainConfig {
+  TrainTask task = TrainTask::kLanguageModel;
+  std::string data;       // LM: a UTF-8 file; "" = the fortunes corpus
+  std::string init;       // safetensors to start from ("" = random init from seed)
+  std::string out_dir = "runs/lm";
+
+  // Model.
+  int64_t layers = 4;
+  int64_t heads = 4;
+  int64_t d_model = 128;
+  int64_t d_ff = 512;
+  float dropout = 0.0f;
+  bool norm_first = true;  // LM default; the classifier uses post-norm (the seed's layer)
+
+  // Optimisation.
+  int64_t steps = 2000;
+  int64_t batch_size = 16;  // sequences (LM) or words (langid) per micro-batch
+  int64_t seq_len = 128;    // LM context T; langid: longest word in bytes
+  int64_t accum = 1;        // micro-batches per optimizer step
+  ScheduleConfig schedule;  // lr, warmup, kind; total_steps = steps
+  AdamWConfig adamw;
+  float clip = 1.0f;        // max global gradient norm; <= 0 disables
+  uint64_t seed = 1337;
+
+  // Bookkeeping.
+  int64_t eval_interval = 250;       // steps between validations (0: only at the end)
+  int64_t eval_windows = 64;         // LM validation windows of seq_len (langid: words per language)
+  int64_t checkpoint_interval = 0;   // 0: same as eval_interval
+  int64_t keep_checkpoints = 2;
+  int64_t log_interval = 50;         // log lines when stdout is not a terminal
+  int64_t stop_at = 0;               // > 0: stop after this step (as if interrupted)
+  int64_t sample_tokens = 300;       // LM: bytes sampled at the end
+};
+
+std::string task_name(TrainTask task);  // "lm" | "langid"
+TrainTask parse_task(const std::string& name);
+
+nlohmann::json to_json(const TrainConfig& config);
+// Throws cabm::Error naming the field when something is missing or has the wrong type.
+TrainConfig train_config_from_json(const nlohmann::json& j);
+
+// Checks ranges (positive sizes, E divisible by H, ...) with one-line errors naming the flag.
+void validate(const TrainConfig& config);
+
+}  // namespace cabm
