@@ -656,6 +656,60 @@ void write_dq_rows(const float* acc, int64_t dp, const HeadRows& dq, int64_t N, 
   for (int64_t i = 0; i < N; ++i) std::copy_n(acc + i * dp, d, dq.data + i * dq.stride);
 }
 
+// The backward's work split when there are few heads (see attention_flash_backward): contiguous
+// runs of key tiles. Called by every thread of the parallel region (it contains a barrier).
+struct Partial {  // dq of a head this thread shares with a neighbour
+  int64_t head = -1;
+  Floats acc;
+};
+void backward_split_key_tiles(const BackwardArgs& args, const std::vector<int64_t>& prefix,
+                              std::vector<std::array<Partial, 2>>& partials, int t, int T) {
+  const Problem& p = args.p;
+  const int64_t n_kt = ceil_div(p.M, p.block_k), total = prefix.back();
+  const AttentionGrads& grads = args.grads;
+  const auto cut = [&](int u) {
+    return static_cast<int64_t>(std::lower_bound(prefix.begin(), prefix.end(), total * u / T) - prefix.begin());
+  };
+  const Range run{cut(t), cut(t + 1)};
+  if (run.begin < run.end) {
+    BackwardBuffers buf(p);
+    const auto finish_head = [&]() {
+      const int64_t hd = buf.head, b = hd / p.H, h = hd % p.H;
+      if (hd * n_kt >= run.begin && (hd + 1) * n_kt <= run.end) {
+        write_dq_rows(buf.dq, buf.dp, head_rows(grads.dq, b, h), p.N, p.d);
+      } else {
+        Partial& slot = partials[t][hd * n_kt < run.begin ? 0 : 1];
+        slot.head = hd;
+        slot.acc = Floats(p.N * buf.dp);
+        std::copy_n(buf.dq, p.N * buf.dp, slot.acc.get());
+      }
+    };
+    for (int64_t n = run.begin; n < run.end; ++n) {
+      const int64_t hd = n / n_kt;
+      if (hd != buf.head) {
+        if (buf.head >= 0) finish_head();
+        backward_begin_head(args, buf, hd / p.H, hd % p.H);
+      }
+      backward_key_tile(args, buf, hd / p.H, hd % p.H, n % n_kt);
+    }
+    finish_head();
+  }
+#pragma omp barrier
+  // Heads cut between runs: the thread where the head starts (its slot 1) sums all parts in
+  // thread order; later threads hold the rest in their slot 0.
+  if (Partial& mine = partials[t][1]; mine.head >= 0) {
+    const int64_t hd = mine.head;
+    const int64_t dp = round_up(p.d, kWidth);
+    float* acc = mine.acc.get();
+    for (int u = t + 1; u < T; ++u) {
+      const Partial& other = partials[u][0];
+      if (other.head != hd) continue;
+      for (int64_t e = 0; e < p.N * dp; ++e) acc[e] += other.acc.get()[e];
+    }
+    write_dq_rows(acc, dp, head_rows(grads.dq, hd / p.H, hd % p.H), p.N, p.d);
+  }
+}
+
 }  // namespace
 
 const char* flash_isa() { return simd::kIsa; }
@@ -737,13 +791,17 @@ void attention_flash_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
 }
 
 // Work split of the backward. dk and dv are split by key tile, so each has one writer. dq of a
-// query row gets a contribution from every key tile, and a separate dq pass would redo two of the
-// five block products (S and dP), 40% more work; atomics would serialise. Instead the work items
-// (b, h, key tile), in order, are cut into one contiguous run per thread with equal estimated cost,
-// and each thread accumulates dq for the head in hand in a private [N, d] buffer: a head within
-// one thread's run is written directly, and the few heads cut between runs (at most one per
-// boundary) are summed from the threads' partial buffers in thread order after a barrier. So dq is
-// deterministic for a given thread count, costs no extra arithmetic and O(threads · N · d) memory.
+// query row gets a contribution from every key tile; a separate dq pass would redo two of the five
+// block products (S and dP), 40% more work, and atomics would serialise. Instead each thread
+// accumulates dq for the head in hand in a private [N, d] buffer:
+//  - with enough heads (B·H a multiple of the thread count, or at least 4 per thread), whole heads
+//    are handed out dynamically (robust when a thread is slowed down); dq has one writer per head;
+//  - otherwise the work items (b, h, key tile), in order, are cut into one contiguous run per
+//    thread with equal estimated cost; a head within one run is written directly, and the few
+//    heads cut between runs (at most one per boundary) are summed from the threads' partial
+//    buffers in thread order after a barrier.
+// Either way dq is deterministic for a given thread count and costs no extra arithmetic, and the
+// memory is O(threads · N · d).
 void attention_flash_backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
                               const AttentionGrads& grads, const FlashConfig& config) {
   check_attention_backward_shapes(saved, dout, grads);
@@ -761,59 +819,27 @@ void attention_flash_backward(const AttentionSaved& saved, const Tensor& dout, c
     const Range rows = mask.query_range(b, {kt * p.block_k, std::min(p.M, (kt + 1) * p.block_k)});
     prefix[n + 1] = prefix[n] + (rows.end - rows.begin) + 1;
   }
-  const int64_t total = prefix.back();
-  const int max_threads = omp_get_max_threads();
-  struct Partial {  // dq of a head this thread shares with a neighbour
-    int64_t head = -1;
-    Floats acc;
-  };
-  std::vector<std::array<Partial, 2>> partials(static_cast<size_t>(max_threads));
+  std::vector<std::array<Partial, 2>> partials(static_cast<size_t>(omp_get_max_threads()));
 
 #pragma omp parallel
   {
     const int t = omp_get_thread_num(), T = omp_get_num_threads();
-    const auto cut = [&](int u) {
-      return static_cast<int64_t>(std::lower_bound(prefix.begin(), prefix.end(), total * u / T) - prefix.begin());
-    };
-    const Range run{cut(t), cut(t + 1)};
-    if (run.begin < run.end) {
+    if (heads % T == 0 || heads >= 4 * T) {
+      // Enough heads to balance: whole heads, handed out dynamically. Each head has one owner, so
+      // dq needs no partial sums and does not depend on the thread count at all.
       BackwardBuffers buf(p);
-      const auto finish_head = [&]() {
-        const int64_t hd = buf.head, b = hd / p.H, h = hd % p.H;
-        if (hd * n_kt >= run.begin && (hd + 1) * n_kt <= run.end) {
-          write_dq_rows(buf.dq, buf.dp, head_rows(grads.dq, b, h), p.N, p.d);
-        } else {
-          Partial& slot = partials[t][hd * n_kt < run.begin ? 0 : 1];
-          slot.head = hd;
-          slot.acc = Floats(p.N * buf.dp);
-          std::copy_n(buf.dq, p.N * buf.dp, slot.acc.get());
-        }
-      };
-      for (int64_t n = run.begin; n < run.end; ++n) {
-        const int64_t hd = n / n_kt;
-        if (hd != buf.head) {
-          if (buf.head >= 0) finish_head();
-          backward_begin_head(args, buf, hd / p.H, hd % p.H);
-        }
-        backward_key_tile(args, buf, hd / p.H, hd % p.H, n % n_kt);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t hd = 0; hd < heads; ++hd) {
+        const int64_t b = hd / p.H, h = hd % p.H;
+        backward_begin_head(args, buf, b, h);
+        for (int64_t kt = 0; kt < n_kt; ++kt) backward_key_tile(args, buf, b, h, kt);
+        write_dq_rows(buf.dq, buf.dp, head_rows(grads.dq, b, h), p.N, p.d);
       }
-      finish_head();
-    }
-#pragma omp barrier
-    // Heads cut between runs: the thread where the head starts (its slot 1) sums all parts in
-    // thread order; later threads hold the rest in their slot 0.
-    if (Partial& mine = partials[t][1]; mine.head >= 0) {
-      const int64_t hd = mine.head;
-      const int64_t dp = round_up(p.d, kWidth);
-      float* acc = mine.acc.get();
-      for (int u = t + 1; u < T; ++u) {
-        const Partial& other = partials[u][0];
-        if (other.head != hd) continue;
-        for (int64_t e = 0; e < p.N * dp; ++e) acc[e] += other.acc.get()[e];
-      }
-      write_dq_rows(acc, dp, head_rows(grads.dq, hd / p.H, hd % p.H), p.N, p.d);
+    } else {
+      backward_split_key_tiles(args, prefix, partials, t, T);
     }
   }
 }
+
 
 }  // namespace cabm

@@ -39,8 +39,9 @@ void attention_flash_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
 
 // FlashAttention-2 backward. saved.lse is required (from attention_flash_forward, or the
 // reference forward: both give the same quantity); dout [B, N, H, dv]; grads are overwritten.
-// Work is split over key tiles (each owns its rows of dk, dv); dq is accumulated per thread and
-// per head and summed in thread order, see the .cpp.
+// Work is split over heads (dynamically, when there are enough) or over key tiles (each owns its
+// rows of dk, dv); dq is accumulated per thread and per head, and heads split between threads are
+// summed in thread order, see the .cpp. Deterministic for a given thread count.
 void attention_flash_backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
                               const AttentionGrads& grads, const FlashConfig& config = {});
 
