@@ -1,13 +1,22 @@
 #include "kernels/gemm.h"
 
 #include "core/error.h"
+#include "kernels/bf16.h"
 
 #include <dnnl.h>
+
+#include <algorithm>
+#include <cstring>
+#include <dnnl.hpp>
+#include <memory>
+#include <mutex>
+#include <vector>
 
 namespace cabm {
 
 namespace {
-void check_operands(const MatrixRef& a, const MatrixRef& b, int64_t ldc) {
+template <typename Ref>
+void check_operands(const Ref& a, const Ref& b, int64_t ldc) {
   CABM_CHECK(a.cols == b.rows, "gemm inner dimensions differ: [{}, {}] x [{}, {}]", a.rows, a.cols, b.rows, b.cols);
   CABM_CHECK(a.ld >= (a.transposed ? a.rows : a.cols) || a.rows == 0 || a.cols == 0, "gemm lda {} too small", a.ld);
   CABM_CHECK(b.ld >= (b.transposed ? b.rows : b.cols) || b.rows == 0 || b.cols == 0, "gemm ldb {} too small", b.ld);
@@ -45,6 +54,159 @@ void gemm_reference(const MatrixRef& a, const MatrixRef& b, float* c, int64_t ld
       c[i * ldc + j] = static_cast<float>(alpha * sum + prev);
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// bf16 GEMM.
+
+namespace {
+
+// One oneDNN matmul per distinct call signature. alpha and beta are part of the key because
+// they are baked into the primitive's attributes (output scale, sum post-op); in cabm they take
+// a handful of values (1, 0), so the cache stays small.
+struct Bf16Key {
+  int64_t M, N, K, lda, ldb, ldc;
+  bool ta, tb;
+  float alpha, beta;
+  bool operator==(const Bf16Key& o) const {
+    return M == o.M && N == o.N && K == o.K && lda == o.lda && ldb == o.ldb && ldc == o.ldc && ta == o.ta &&
+           tb == o.tb && std::memcmp(&alpha, &o.alpha, 4) == 0 && std::memcmp(&beta, &o.beta, 4) == 0;
+  }
+};
+
+constexpr const char* kFallbackName = "fp32 sgemm (converted)";
+
+struct Bf16Plan {
+  Bf16Key key;
+  dnnl::matmul::primitive_desc pd;
+  dnnl::matmul primitive;
+  bool reference;  // oneDNN offers only its reference implementation: use the fp32 fallback
+  std::string impl;
+};
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+// A small most-recently-used list: lookups are a linear scan of at most kCapacity keys, negligible
+// next to a matmul, and the plans are shared_ptrs so a plan evicted while another thread runs it
+// stays alive.
+class Bf16PlanCache {
+ public:
+  static constexpr size_t kCapacity = 64;
+  std::shared_ptr<const Bf16Plan> get(const Bf16Key& key) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (size_t n = 0; n < plans_.size(); ++n) {
+        if (plans_[n]->key == key) {
+          std::rotate(plans_.begin(), plans_.begin() + static_cast<std::ptrdiff_t>(n),
+                      plans_.begin() + static_cast<std::ptrdiff_t>(n) + 1);
+          return plans_.front();
+        }
+      }
+    }
+    // Created outside the lock (primitive creation can take milliseconds); two threads racing on a
+    // new key both create one, and the second insert is dropped.
+    auto plan = std::make_shared<const Bf16Plan>(create(key));
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& p : plans_)
+      if (p->key == key) return p;
+    plans_.insert(plans_.begin(), plan);
+    if (plans_.size() > kCapacity) plans_.pop_back();
+    return plan;
+  }
+
+ private:
+  static Bf16Plan create(const Bf16Key& k) {
+    using dt = dnnl::memory::data_type;
+    using dims = dnnl::memory::dims;
+    const dnnl::memory::desc a_md(dims{k.M, k.K}, dt::bf16, k.ta ? dims{1, k.lda} : dims{k.lda, 1});
+    const dnnl::memory::desc b_md(dims{k.K, k.N}, dt::bf16, k.tb ? dims{1, k.ldb} : dims{k.ldb, 1});
+    const dnnl::memory::desc c_md(dims{k.M, k.N}, dt::f32, dims{k.ldc, 1});
+    dnnl::primitive_attr attr;
+    if (k.alpha != 1.0f) attr.set_output_scales(0, {k.alpha});
+    if (k.beta != 0.0f) {
+      dnnl::post_ops ops;
+      ops.append_sum(k.beta);
+      attr.set_post_ops(ops);
+    }
+    dnnl::matmul::primitive_desc pd;
+    try {
+      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, cpu_engine());
+    } catch (const dnnl::error&) {  // no bf16 matmul at all for this CPU (e.g. AVX2 only)
+      return {k, {}, {}, true, kFallbackName};
+    }
+    std::string impl = pd.impl_info_str();
+    if (impl.rfind("ref", 0) == 0) return {k, {}, {}, true, kFallbackName};
+    return {k, pd, dnnl::matmul(pd), false, impl};
+  }
+
+  std::mutex mutex_;
+  std::vector<std::shared_ptr<const Bf16Plan>> plans_;
+};
+
+Bf16PlanCache& plan_cache() {
+  static Bf16PlanCache cache;
+  return cache;
+}
+
+Bf16Key make_key(const MatrixRefBf16& a, const MatrixRefBf16& b, int64_t ldc, float alpha, float beta) {
+  const int64_t M = a.rows, N = b.cols, K = a.cols;
+  return {M, N, K, std::max<int64_t>(a.ld, a.transposed ? M : K), std::max<int64_t>(b.ld, b.transposed ? K : N),
+          ldc, a.transposed, b.transposed, alpha, beta};
+}
+
+// The stored matrix of an operand (cols × rows when transposed) converted to contiguous fp32.
+MatrixRef to_f32(const MatrixRefBf16& x, std::vector<float>& buffer) {
+  const int64_t stored_rows = x.transposed ? x.cols : x.rows, stored_cols = x.transposed ? x.rows : x.cols;
+  buffer.resize(static_cast<size_t>(stored_rows * stored_cols));
+  bf16_to_float_2d(x.data, x.ld, buffer.data(), stored_cols, stored_rows, stored_cols);
+  return {buffer.data(), x.rows, x.cols, std::max<int64_t>(stored_cols, 1), x.transposed};
+}
+
+void gemm_bf16_via_f32(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha,
+                       float beta) {
+  std::vector<float> abuf, bbuf;
+  gemm(to_f32(a, abuf), to_f32(b, bbuf), c, ldc, alpha, beta);
+}
+
+}  // namespace
+
+void gemm_bf16(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha, float beta) {
+  check_operands(a, b, ldc);
+  const int64_t M = a.rows, N = b.cols, K = a.cols;
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    return;
+  }
+  if (bf16_active_isa() == Bf16Isa::kPortable && cpu_has_avx512_bf16())
+    return gemm_bf16_via_f32(a, b, c, ldc, alpha, beta);  // forced portable (tests, comparisons)
+  const auto plan = plan_cache().get(make_key(a, b, ldc, alpha, beta));
+  if (plan->reference) return gemm_bf16_via_f32(a, b, c, ldc, alpha, beta);
+  const dnnl::engine& engine = cpu_engine();
+  thread_local dnnl::stream stream(engine);
+  dnnl::memory am(plan->pd.src_desc(), engine, const_cast<bf16*>(a.data));
+  dnnl::memory bm(plan->pd.weights_desc(), engine, const_cast<bf16*>(b.data));
+  dnnl::memory cm(plan->pd.dst_desc(), engine, c);
+  plan->primitive.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  stream.wait();
+}
+
+std::string gemm_bf16_implementation(const MatrixRefBf16& a, const MatrixRefBf16& b, int64_t ldc) {
+  check_operands(a, b, ldc);
+  if (a.rows == 0 || b.cols == 0 || a.cols == 0) return "none (empty)";
+  if (bf16_active_isa() == Bf16Isa::kPortable && cpu_has_avx512_bf16()) return kFallbackName;
+  return plan_cache().get(make_key(a, b, ldc, 1.0f, 0.0f))->impl;
+}
+
+void gemm_bf16_reference(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha,
+                         float beta) {
+  check_operands(a, b, ldc);
+  std::vector<float> abuf, bbuf;
+  gemm_reference(to_f32(a, abuf), to_f32(b, bbuf), c, ldc, alpha, beta);
 }
 
 }  // namespace cabm

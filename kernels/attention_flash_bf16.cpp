@@ -1,0 +1,547 @@
+#include "kernels/attention_flash_bf16.h"
+
+#include "kernels/bf16.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define CABM_HAVE_AVX512_BF16_CODE 1
+#endif
+
+namespace cabm {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr int64_t kKeyBlock = 16;  // keys per packed K block: one zmm of fp32 score lanes
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+// ---------------------------------------------------------------------------------------------
+// Masks per tile. A minimal copy of the interval logic of attention_flash.cpp's FlashMask (which is
+// internal to that file): causal, sliding window and key padding allow one interval of keys
+// [lo(i), hi(b, i)) per query row, both ends non-decreasing in i; block-sparse layouts are checked
+// per tile; allow / additive tensors are evaluated per element on partial tiles only.
+enum class TileKind { kSkip, kFull, kPartial };
+struct Range {
+  int64_t begin, end;
+};
+
+class TileMask {
+ public:
+  TileMask(const Mask& mask, int64_t B, int64_t H, int64_t N, int64_t M) : mask_(mask), N_(N), M_(M) {
+    mask.validate(B, H, N, M);
+    for (const Tensor& t : mask.allowed()) allowed_.push_back(broadcast_to_bhnm(t, B, H, N, M, "allow mask"));
+    for (const Tensor& t : mask.biases()) biases_.push_back(broadcast_to_bhnm(t, B, H, N, M, "additive mask"));
+  }
+  bool per_element() const { return !allowed_.empty() || !biases_.empty(); }
+  int64_t lo(int64_t i) const { return std::max<int64_t>(0, i + M_ - N_ - mask_.window_left()); }
+  int64_t hi(int64_t b, int64_t i) const {
+    const int64_t p = i + M_ - N_;
+    int64_t h = std::min(M_, p + mask_.window_right() + 1);
+    if (mask_.causal_align() == CausalAlign::kBottomRight) h = std::min(h, p + 1);
+    if (mask_.causal_align() == CausalAlign::kTopLeft) h = std::min(h, i + 1);
+    if (!mask_.key_lengths().empty()) h = std::min(h, mask_.key_lengths()[b]);
+    return h;
+  }
+  Range key_range(int64_t b, Range rows) const {
+    Range r{M_, 0};
+    for (int64_t i = rows.begin; i < rows.end; ++i) {
+      const int64_t l = lo(i), h = hi(b, i);
+      if (l < h) r = {std::min(r.begin, l), std::max(r.end, h)};
+    }
+    return r.begin < r.end ? r : Range{0, 0};
+  }
+  TileKind classify(int64_t b, int64_t h, Range rows, Range keys) const {
+    bool any = false, full = true;
+    for (int64_t i = rows.begin; i < rows.end; ++i) {
+      const int64_t l = lo(i), u = hi(b, i);
+      any |= std::max(l, keys.begin) < std::min(u, keys.end);
+      full &= l <= keys.begin && u >= keys.end;
+    }
+    if (!any) return TileKind::kSkip;
+    for (const BlockSparseLayout& layout : mask_.block_layouts()) {
+      const Tensor& blocks = layout.blocks;
+      const uint8_t* p = blocks.data<uint8_t>() + (blocks.size(0) == 1 ? 0 : h) * blocks.stride(0);
+      int64_t allowed = 0, total = 0;
+      for (int64_t qb = rows.begin / layout.block_q; qb <= (rows.end - 1) / layout.block_q; ++qb)
+        for (int64_t kb = keys.begin / layout.block_k; kb <= (keys.end - 1) / layout.block_k; ++kb, ++total)
+          allowed += p[qb * blocks.stride(1) + kb * blocks.stride(2)] != 0;
+      if (allowed == 0) return TileKind::kSkip;
+      full &= allowed == total;
+    }
+    return full && !per_element() ? TileKind::kFull : TileKind::kPartial;
+  }
+  // tile[r · ld + c] = additive term of (rows.begin + r, keys.begin + c), times bias_scale; −inf
+  // where blocked.
+  void fill(int64_t b, int64_t h, Range rows, Range keys, float bias_scale, float* tile, int64_t ld) const {
+    const int64_t ni = rows.end - rows.begin, nk = keys.end - keys.begin;
+    for (int64_t r = 0; r < ni; ++r) {
+      const int64_t i = rows.begin + r;
+      const int64_t l = std::clamp(lo(i) - keys.begin, int64_t{0}, nk);
+      const int64_t u = std::clamp(hi(b, i) - keys.begin, l, nk);
+      float* out = tile + r * ld;
+      std::fill(out, out + l, -INFINITY);
+      std::fill(out + l, out + u, 0.0f);
+      std::fill(out + u, out + nk, -INFINITY);
+    }
+    if (mask_.block_layouts().empty() && !per_element()) return;
+    for (int64_t i = rows.begin; i < rows.end; ++i) {
+      float* out = tile + (i - rows.begin) * ld;
+      for (int64_t j = keys.begin; j < keys.end; ++j) {
+        float& e = out[j - keys.begin];
+        if (e == -INFINITY) continue;
+        bool allowed = mask_.structurally_allows(b, h, i, j, N_, M_);
+        for (const Tensor& t : allowed_) {
+          if (!allowed) break;
+          allowed = t.data<uint8_t>()[b * t.stride(0) + h * t.stride(1) + i * t.stride(2) + j * t.stride(3)] != 0;
+        }
+        float bias = 0.0f;
+        for (const Tensor& t : biases_)
+          bias += t.data<float>()[b * t.stride(0) + h * t.stride(1) + i * t.stride(2) + j * t.stride(3)];
+        e = allowed ? bias * bias_scale : -INFINITY;
+      }
+    }
+  }
+
+ private:
+  const Mask& mask_;
+  int64_t N_, M_;
+  std::vector<Tensor> allowed_, biases_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Packed layouts (all bf16, zero padded), per head:
+//   K  [Mp/16][dp/2][16][2]: block of 16 keys, then pairs of head-dim elements, key, element.
+//      One zmm = one pair of head-dim elements for 16 keys: vdpbf16ps against a broadcast pair of
+//      a Q row gives 16 partial scores.
+//   V  [Mp/2][dvp][2]: pair of keys, column, key. One zmm = two keys for 16 columns: vdpbf16ps
+//      against a broadcast pair of a P row adds p_j·v_j + p_j+1·v_j+1 to 16 output columns.
+//   Q  tile [bq][dp], P tile [bq][ldp]: rows of pairs, read as 32-bit words and broadcast.
+// Mp = M rounded up to 16, dp = d rounded up to 2, dvp = dv rounded up to 16.
+
+struct Problem {
+  int64_t B, N, H, M, d, dv;
+  int64_t dp, dvp, Mp;
+  int64_t block_q, block_k;  // block_k a multiple of 16
+  float qscale;              // scale · log2(e): scores in base 2
+  float keep_scale;
+  bool dropout;
+  bool avx512;
+};
+
+inline int64_t k_index(int64_t j, int64_t c, int64_t dp) {  // element (key j, dim c) in packed K
+  return ((j / kKeyBlock) * (dp / 2) + c / 2) * (kKeyBlock * 2) + (j % kKeyBlock) * 2 + (c & 1);
+}
+inline int64_t v_index(int64_t j, int64_t c, int64_t dvp) {  // element (key j, column c) in packed V
+  return ((j / 2) * dvp + c) * 2 + (j & 1);
+}
+
+const bf16* head_ptr(const Tensor& t, int64_t b, int64_t h) {
+  return t.data<bf16>() + b * t.stride(0) + h * t.stride(2);
+}
+
+void pack_head(const Tensor& k, const Tensor& v, const Problem& p, int64_t b, int64_t h, bf16* kp, bf16* vp) {
+  std::fill_n(kp, p.Mp * p.dp, bf16{0});
+  std::fill_n(vp, p.Mp * p.dvp, bf16{0});
+  const bf16* ks = head_ptr(k, b, h);
+  const bf16* vs = head_ptr(v, b, h);
+  for (int64_t j = 0; j < p.M; ++j) {
+    const bf16* krow = ks + j * k.stride(1);
+    const bf16* vrow = vs + j * v.stride(1);
+    for (int64_t c = 0; c < p.d; ++c) kp[k_index(j, c, p.dp)] = krow[c];
+    for (int64_t c = 0; c < p.dv; ++c) vp[v_index(j, c, p.dvp)] = vrow[c];
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Portable products: the same packed operands, fp32 scalar math.
+
+// s[r][c] = Σ_e q[r][e]·k[j0 + c][e] for r < ni, c < nk16 (j0 a multiple of 16).
+void scores_portable(const bf16* qp, int64_t ni, const bf16* kp, int64_t j0, int64_t nk16, const Problem& p,
+                     float* s, int64_t lds) {
+  std::vector<float> kt(static_cast<size_t>(p.dp * nk16));  // [dp][nk16] fp32
+  for (int64_t c = 0; c < nk16; ++c)
+    for (int64_t e = 0; e < p.dp; ++e) kt[e * nk16 + c] = bf16_to_float(kp[k_index(j0 + c, e, p.dp)]);
+  for (int64_t r = 0; r < ni; ++r) {
+    float* srow = s + r * lds;
+    std::fill_n(srow, nk16, 0.0f);
+    for (int64_t e = 0; e < p.dp; ++e) {
+      const float a = bf16_to_float(qp[r * p.dp + e]);
+      const float* krow = kt.data() + e * nk16;
+      for (int64_t c = 0; c < nk16; ++c) srow[c] += a * krow[c];
+    }
+  }
+}
+
+// o[r][c] += Σ_j pt[r][j]·v[j0 + j][c] for r < ni, c < dvp, j < nk2 (j0 even, nk2 even).
+void pv_portable(const bf16* pt, int64_t ldp, int64_t ni, const bf16* vp, int64_t j0, int64_t nk2, const Problem& p,
+                 float* o, int64_t ldo) {
+  for (int64_t r = 0; r < ni; ++r) {
+    float* orow = o + r * ldo;
+    for (int64_t j = 0; j < nk2; ++j) {
+      const float a = bf16_to_float(pt[r * ldp + j]);
+      if (a == 0.0f) continue;
+      const bf16* vrow = vp + v_index(j0 + j, 0, p.dvp);
+      for (int64_t c = 0; c < p.dvp; ++c) orow[c] += a * bf16_to_float(vrow[2 * c]);
+    }
+  }
+}
+
+// Row pass of the online softmax over one tile (see forward_query_tile).
+void softmax_rows_portable(float* s, int64_t lds, int64_t ni, int64_t nk16, const float* mask, float qscale,
+                           float* m, float* l, float* alpha) {
+  for (int64_t r = 0; r < ni; ++r) {
+    float* x = s + r * lds;
+    float tmax = -INFINITY;
+    for (int64_t c = 0; c < nk16; ++c) {
+      x[c] = x[c] * qscale + (mask ? mask[r * lds + c] : 0.0f);
+      tmax = std::max(tmax, x[c]);
+    }
+    const float m_new = std::max(m[r], tmax);
+    float sum = 0.0f;
+    for (int64_t c = 0; c < nk16; ++c) {
+      x[c] = std::exp2(x[c] - m_new);
+      sum += x[c];
+    }
+    alpha[r] = std::exp2(m[r] - m_new);
+    l[r] = l[r] * alpha[r] + sum;
+    m[r] = m_new;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// AVX-512 BF16 products.
+
+#if defined(CABM_HAVE_AVX512_BF16_CODE)
+#define CABM_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+CABM_AVX512_BF16 inline __m512 dot2(__m512 acc, __m512i a, __m512i b) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+}
+CABM_AVX512_BF16 inline __m512i broadcast_pair(const bf16* p) {
+  uint32_t w;
+  std::memcpy(&w, p, 4);
+  return _mm512_set1_epi32(static_cast<int>(w));
+}
+
+// MR rows × NV vectors of 16 scores; k over pairs of head-dim elements.
+template <int MR, int NV>
+CABM_AVX512_BF16 void scores_block(const bf16* qp, int64_t dp, const bf16* kblock, float* s, int64_t lds) {
+  __m512 acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  const int64_t pairs = dp / 2, block_stride = pairs * kKeyBlock * 2;
+  for (int64_t c = 0; c < pairs; ++c) {
+    __m512i b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = _mm512_loadu_si512(kblock + v * block_stride + c * kKeyBlock * 2);
+    for (int r = 0; r < MR; ++r) {
+      const __m512i a = broadcast_pair(qp + r * dp + 2 * c);
+      for (int v = 0; v < NV; ++v) acc[r][v] = dot2(acc[r][v], a, b[v]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(s + r * lds + v * 16, acc[r][v]);
+}
+
+template <int MR>
+CABM_AVX512_BF16 void scores_rows(const bf16* qp, int64_t dp, const bf16* kp, int64_t nb, float* s, int64_t lds) {
+  const int64_t block_stride = dp / 2 * kKeyBlock * 2;
+  int64_t v = 0;
+  for (; v + 4 <= nb; v += 4) scores_block<MR, 4>(qp, dp, kp + v * block_stride, s + v * 16, lds);
+  for (; v < nb; ++v) scores_block<MR, 1>(qp, dp, kp + v * block_stride, s + v * 16, lds);
+}
+
+CABM_AVX512_BF16 void scores_avx512(const bf16* qp, int64_t ni, const bf16* kp, int64_t j0, int64_t nk16,
+                                    const Problem& p, float* s, int64_t lds) {
+  const bf16* kb = kp + (j0 / kKeyBlock) * (p.dp / 2) * kKeyBlock * 2;
+  const int64_t nb = nk16 / kKeyBlock;
+  int64_t r = 0;
+  for (; r + 6 <= ni; r += 6) scores_rows<6>(qp + r * p.dp, p.dp, kb, nb, s + r * lds, lds);
+  for (; r < ni; ++r) scores_rows<1>(qp + r * p.dp, p.dp, kb, nb, s + r * lds, lds);
+}
+
+// MR rows × NV vectors of 16 output columns, k over pairs of keys.
+template <int MR, int NV>
+CABM_AVX512_BF16 void pv_block(const bf16* pt, int64_t ldp, const bf16* vcols, int64_t dvp, int64_t pairs, float* o,
+                               int64_t ldo) {
+  __m512 acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_loadu_ps(o + r * ldo + v * 16);
+  for (int64_t t = 0; t < pairs; ++t) {
+    __m512i b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = _mm512_loadu_si512(vcols + t * dvp * 2 + v * 32);
+    for (int r = 0; r < MR; ++r) {
+      const __m512i a = broadcast_pair(pt + r * ldp + 2 * t);
+      for (int v = 0; v < NV; ++v) acc[r][v] = dot2(acc[r][v], a, b[v]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(o + r * ldo + v * 16, acc[r][v]);
+}
+
+template <int MR>
+CABM_AVX512_BF16 void pv_rows(const bf16* pt, int64_t ldp, const bf16* vp, int64_t dvp, int64_t pairs, float* o,
+                              int64_t ldo) {
+  const int64_t nv = dvp / 16;
+  int64_t v = 0;
+  for (; v + 4 <= nv; v += 4) pv_block<MR, 4>(pt, ldp, vp + v * 32, dvp, pairs, o + v * 16, ldo);
+  for (; v < nv; ++v) pv_block<MR, 1>(pt, ldp, vp + v * 32, dvp, pairs, o + v * 16, ldo);
+}
+
+CABM_AVX512_BF16 void pv_avx512(const bf16* pt, int64_t ldp, int64_t ni, const bf16* vp, int64_t j0, int64_t nk2,
+                                const Problem& p, float* o, int64_t ldo) {
+  const bf16* vb = vp + v_index(j0, 0, p.dvp);
+  const int64_t pairs = nk2 / 2;
+  int64_t r = 0;
+  for (; r + 6 <= ni; r += 6) pv_rows<6>(pt + r * ldp, ldp, vb, p.dvp, pairs, o + r * ldo, ldo);
+  for (; r < ni; ++r) pv_rows<1>(pt + r * ldp, ldp, vb, p.dvp, pairs, o + r * ldo, ldo);
+}
+
+// 2^x for x <= 0 (−inf → 0): the Cephes exp2f polynomial of attention_simd.h (copied: that header
+// picks its ISA at compile time, and this code is compiled for AVX-512 by attribute only).
+CABM_AVX512_BF16 inline __m512 exp2_nonpositive(__m512 x) {
+  static constexpr float kPoly[6] = {1.535336188319500e-4f, 1.339887440266574e-3f, 9.618437357674640e-3f,
+                                     5.550332471162809e-2f, 2.402264791363012e-1f, 6.931472028550421e-1f};
+  const __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-127.0f));
+  const __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(xc, n);
+  __m512 poly = _mm512_set1_ps(kPoly[0]);
+  for (int c = 1; c < 6; ++c) poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(kPoly[c]));
+  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(1.0f));
+  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
+  return _mm512_maskz_scalef_ps(live, poly, n);
+}
+
+CABM_AVX512_BF16 void softmax_rows_avx512(float* s, int64_t lds, int64_t ni, int64_t nk16, const float* mask,
+                                          float qscale, float* m, float* l, float* alpha) {
+  const __m512 qs = _mm512_set1_ps(qscale);
+  for (int64_t r = 0; r < ni; ++r) {
+    float* x = s + r * lds;
+    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    for (int64_t c = 0; c < nk16; c += 16) {
+      __m512 t = _mm512_mul_ps(_mm512_loadu_ps(x + c), qs);
+      if (mask) t = _mm512_add_ps(t, _mm512_loadu_ps(mask + r * lds + c));
+      _mm512_storeu_ps(x + c, t);
+      vmax = _mm512_max_ps(vmax, t);
+    }
+    const float m_new = std::max(m[r], _mm512_reduce_max_ps(vmax));
+    const __m512 mv = _mm512_set1_ps(m_new);
+    __m512 vsum = _mm512_setzero_ps();
+    for (int64_t c = 0; c < nk16; c += 16) {
+      const __m512 e = exp2_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(x + c), mv));
+      _mm512_storeu_ps(x + c, e);
+      vsum = _mm512_add_ps(vsum, e);
+    }
+    alpha[r] = std::exp2(m[r] - m_new);
+    l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(vsum);
+    m[r] = m_new;
+  }
+}
+
+#pragma GCC diagnostic pop
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// Forward. One work item is (b, h, query tile); rows are queries, lanes are keys (scores) or
+// output columns (accumulator).
+
+struct Buffers {
+  int64_t lds, ldp, ldo;
+  std::vector<bf16> q, p;          // [bq][dp], [bq][ldp]
+  std::vector<float> s, mask, z;   // [bq][lds]
+  std::vector<float> o;            // [bq][ldo]
+  std::vector<float> m, l, alpha;  // [bq]
+  explicit Buffers(const Problem& pr)
+      : lds(round_up(pr.block_k, kKeyBlock)),
+        ldp(lds),
+        ldo(pr.dvp),
+        q(static_cast<size_t>(pr.block_q * pr.dp)),
+        p(static_cast<size_t>(pr.block_q * ldp)),
+        s(static_cast<size_t>(pr.block_q * lds)),
+        mask(static_cast<size_t>(pr.block_q * lds)),
+        z(pr.dropout ? static_cast<size_t>(pr.block_q * lds) : 0),
+        o(static_cast<size_t>(pr.block_q * ldo)),
+        m(static_cast<size_t>(pr.block_q)),
+        l(static_cast<size_t>(pr.block_q)),
+        alpha(static_cast<size_t>(pr.block_q)) {}
+};
+
+struct Args {
+  const Tensor &q, &out;
+  const bf16 *kp, *vp;  // packed heads, [B·H][Mp·dp] and [B·H][Mp·dvp]
+  float* lse;
+  const AttentionOptions& options;
+  const TileMask& mask;
+  const Problem& p;
+};
+
+void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int64_t h, int64_t qt) {
+  const Problem& p = args.p;
+  const int64_t i0 = qt * p.block_q, ni = std::min(p.block_q, p.N - i0);
+  const Range rows{i0, i0 + ni};
+  const bf16* kp = args.kp + (b * p.H + h) * p.Mp * p.dp;
+  const bf16* vp = args.vp + (b * p.H + h) * p.Mp * p.dvp;
+
+  const bf16* qs = head_ptr(args.q, b, h);
+  for (int64_t r = 0; r < ni; ++r) {
+    std::copy_n(qs + (i0 + r) * args.q.stride(1), p.d, buf.q.data() + r * p.dp);
+    if (p.dp > p.d) buf.q[r * p.dp + p.d] = bf16{0};
+  }
+  // −FLT_MAX, not −inf: exp2(s − m) stays free of inf − inf while a row has seen only masked keys.
+  std::fill_n(buf.m.data(), ni, -FLT_MAX);
+  std::fill_n(buf.l.data(), ni, 0.0f);
+  std::fill_n(buf.o.data(), ni * buf.ldo, 0.0f);
+  const DropoutMatrix dropout(args.options, b, h, p.H, p.M);
+  float *s = buf.s.data(), *o = buf.o.data();
+
+  const Range key_range = args.mask.key_range(b, rows);
+  for (int64_t j0 = key_range.begin / p.block_k * p.block_k; j0 < key_range.end; j0 += p.block_k) {
+    const int64_t nk = std::min(p.block_k, p.M - j0), nk16 = round_up(nk, kKeyBlock);
+    const Range keys{j0, j0 + nk};
+    const TileKind kind = args.mask.classify(b, h, rows, keys);
+    if (kind == TileKind::kSkip) continue;
+    const float* mask = nullptr;
+    if (kind == TileKind::kPartial || nk < nk16) {
+      // Blocked and padding columns get −inf; the additive bias is scaled to base 2 like the scores.
+      float* mt = buf.mask.data();
+      if (kind == TileKind::kPartial) {
+        args.mask.fill(b, h, rows, keys, kLog2e, mt, buf.lds);
+      } else {
+        for (int64_t r = 0; r < ni; ++r) std::fill_n(mt + r * buf.lds, nk, 0.0f);
+      }
+      for (int64_t r = 0; r < ni; ++r) std::fill(mt + r * buf.lds + nk, mt + r * buf.lds + nk16, -INFINITY);
+      mask = mt;
+    }
+
+    // S = Q Kᵀ (fp32 accumulation), then per row: base-2 scaling and mask, running maximum,
+    // P = exp2(S − m) in fp32, l = alpha·l + Σ P in fp32.
+    float *m = buf.m.data(), *l = buf.l.data(), *alpha = buf.alpha.data();
+#if defined(CABM_HAVE_AVX512_BF16_CODE)
+    if (p.avx512) {
+      scores_avx512(buf.q.data(), ni, kp, j0, nk16, p, s, buf.lds);
+      softmax_rows_avx512(s, buf.lds, ni, nk16, mask, p.qscale, m, l, alpha);
+    } else
+#endif
+    {
+      scores_portable(buf.q.data(), ni, kp, j0, nk16, p, s, buf.lds);
+      softmax_rows_portable(s, buf.lds, ni, nk16, mask, p.qscale, m, l, alpha);
+    }
+    // Dropout scales the weights that meet V, not l (the reference drops after normalising).
+    if (p.dropout) {
+      float* z = buf.z.data();
+      for (int64_t r = 0; r < ni; ++r) {
+        dropout.fill_row(i0 + r, j0, j0 + nk, p.keep_scale, z + r * buf.lds, 1);
+        for (int64_t c = 0; c < nk; ++c) s[r * buf.lds + c] *= z[r * buf.lds + c];
+      }
+    }
+    // P rounded to bf16 (the only rounding of the pass besides the inputs'); O = alpha ∘ O.
+    const int64_t nk2 = round_up(nk, 2);
+    for (int64_t r = 0; r < ni; ++r) {
+      float_to_bf16(s + r * buf.lds, buf.p.data() + r * buf.ldp, nk2);
+      if (alpha[r] != 1.0f)
+        for (int64_t c = 0; c < buf.ldo; ++c) o[r * buf.ldo + c] *= alpha[r];
+    }
+#if defined(CABM_HAVE_AVX512_BF16_CODE)
+    if (p.avx512) pv_avx512(buf.p.data(), buf.ldp, ni, vp, j0, nk2, p, o, buf.ldo);
+    else
+#endif
+      pv_portable(buf.p.data(), buf.ldp, ni, vp, j0, nk2, p, o, buf.ldo);
+  }
+
+  // One division per row; fully masked rows (l = 0) give 0 and lse = −inf.
+  const int64_t out_stride = args.out.stride(1);
+  float* out = args.out.data<float>() + b * args.out.stride(0) + h * args.out.stride(2);
+  for (int64_t r = 0; r < ni; ++r) {
+    float* orow = out + (i0 + r) * out_stride;
+    const float lr = buf.l[r];
+    if (lr == 0.0f) {
+      std::fill_n(orow, p.dv, 0.0f);
+    } else {
+      const float inv = 1.0f / lr;
+      for (int64_t c = 0; c < p.dv; ++c) orow[c] = o[r * buf.ldo + c] * inv;
+    }
+    if (args.lse) args.lse[(b * p.H + h) * p.N + i0 + r] = lr > 0.0f ? (buf.m[r] + std::log2(lr)) * kLn2 : -INFINITY;
+  }
+}
+
+void check_shapes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out) {
+  for (const Tensor* t : {&q, &k, &v})
+    if (!t->defined() || t->dim() != 4 || t->dtype() != DType::BF16 || t->stride(3) != 1)
+      throw Error("attention_flash_bf16: q, k, v must be BF16 rank-4 tensors ([B, L, H, d]) with unit last stride");
+  if (!out.defined() || out.dim() != 4 || out.dtype() != DType::F32 || out.stride(3) != 1)
+    throw Error("attention_flash_bf16: out must be an F32 rank-4 tensor with unit last stride");
+  const int64_t B = q.size(0), N = q.size(1), H = q.size(2), d = q.size(3);
+  const int64_t M = k.size(1), dv = v.size(3);
+  if (k.size(0) != B || k.size(2) != H || k.size(3) != d)
+    throw Error(fmt::format("attention_flash_bf16: k has shape {}, expected [{}, M, {}, {}]", shape_str(k.shape()), B,
+                            H, d));
+  if (v.size(0) != B || v.size(1) != M || v.size(2) != H)
+    throw Error(fmt::format("attention_flash_bf16: v has shape {}, expected [{}, {}, {}, dv]", shape_str(v.shape()), B,
+                            M, H));
+  if (out.shape() != Shape{B, N, H, dv})
+    throw Error(fmt::format("attention_flash_bf16: out has shape {}, expected {}", shape_str(out.shape()),
+                            shape_str({B, N, H, dv})));
+}
+
+}  // namespace
+
+const char* attention_flash_bf16_path() { return bf16_path_name(); }
+
+void attention_flash_bf16_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
+                                  const Tensor& out, const Tensor* lse, const FlashConfig& config) {
+  check_shapes(q, k, v, out);
+  CABM_CHECK(options.dropout >= 0.0f && options.dropout < 1.0f, "dropout {} outside [0, 1)", options.dropout);
+  FlashConfig tiles = flash_resolved_config(config, options, q.size(3), false);
+  Problem p{};
+  p.B = q.size(0), p.N = q.size(1), p.H = q.size(2), p.M = k.size(1), p.d = q.size(3), p.dv = v.size(3);
+  p.dp = round_up(p.d, 2), p.dvp = round_up(std::max<int64_t>(p.dv, 1), 16), p.Mp = round_up(p.M, kKeyBlock);
+  p.block_q = tiles.block_q, p.block_k = round_up(tiles.block_k, kKeyBlock);
+  p.qscale = attention_scale(options, p.d) * kLog2e;
+  p.keep_scale = 1.0f / (1.0f - options.dropout);
+  p.dropout = options.dropout > 0.0f;
+  p.avx512 = bf16_active_isa() == Bf16Isa::kAvx512Bf16;
+  if (lse)
+    CABM_CHECK(lse->dtype() == DType::F32 && lse->shape() == (Shape{p.B, p.H, p.N}) && lse->is_contiguous(),
+               "lse must be a contiguous F32 [B, H, N] tensor, got {}", shape_str(lse->shape()));
+  if (p.B * p.H * p.N == 0) return;
+  const TileMask mask(options.mask, p.B, p.H, p.N, p.M);
+
+  std::vector<bf16> kp(static_cast<size_t>(p.B * p.H * p.Mp * p.dp));
+  std::vector<bf16> vp(static_cast<size_t>(p.B * p.H * p.Mp * p.dvp));
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t h = 0; h < p.H; ++h)
+      pack_head(k, v, p, b, h, kp.data() + (b * p.H + h) * p.Mp * p.dp, vp.data() + (b * p.H + h) * p.Mp * p.dvp);
+  const Args args{q, out, kp.data(), vp.data(), lse ? lse->data<float>() : nullptr, options, mask, p};
+
+  struct Item {
+    int64_t b, h, qt, cost;
+  };
+  const int64_t n_qt = ceil_div(p.N, p.block_q);
+  std::vector<Item> items;
+  items.reserve(static_cast<size_t>(p.B * p.H * n_qt));
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t qt = 0; qt < n_qt; ++qt) {
+      const Range keys = mask.key_range(b, {qt * p.block_q, std::min(p.N, (qt + 1) * p.block_q)});
+      for (int64_t h = 0; h < p.H; ++h) items.push_back({b, h, qt, keys.end - keys.begin});
+    }
+  std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) { return x.cost > y.cost; });
+
+#pragma omp parallel
+  {
+    Buffers buf(p);
+#pragma omp for schedule(dynamic, 1)
+    for (size_t n = 0; n < items.size(); ++n) forward_query_tile(args, buf, items[n].b, items[n].h, items[n].qt);
+  }
+}
+
+}  // namespace cabm

@@ -1,0 +1,174 @@
+// bf16 buffer conversions: every path bit for bit equal to the scalar rules of core/dtype.h, over
+// all special classes (zeros, subnormals, NaNs with payloads, infinities, overflow, rounding ties)
+// and many random bit patterns, for every tail length; and the run-time dispatch.
+#include "kernels/bf16.h"
+
+#include "core/error.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace cabm {
+namespace {
+
+float from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint32_t to_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// Bit patterns of every special class, and of every exponent with the low 16 bits at and around
+// the rounding boundary (below, tie, above) and both parities of the bit that is kept last.
+std::vector<uint32_t> special_patterns() {
+  std::vector<uint32_t> v = {
+      0x00000000, 0x80000000,                          // ±0
+      0x7f800000, 0xff800000,                          // ±inf
+      0x7fc00000, 0xffc00000, 0x7f800001, 0xff800001,  // quiet and signalling NaNs
+      0x7fbfffff, 0x7fffffff, 0xffffffff, 0x7f80ffff, 0x7fc12345, 0x7f812345,
+      0x00000001, 0x80000001, 0x00008000, 0x00018000, 0x00007fff, 0x0000ffff,  // subnormals
+      0x007fffff, 0x807fffff, 0x007f8000, 0x007f7fff, 0x00400000,              // subnormal → normal
+      0x00800000, 0x80800000,                                                  // ±FLT_MIN
+      0x7f7fffff, 0xff7fffff, 0x7f7f8000, 0x7f7f7fff, 0x7f7e8000,              // overflow to inf or not
+      0x3f800000, 0x3f808000, 0x3f818000, 0x3f807fff, 0x3f808001,              // ties around 1
+  };
+  const uint32_t lows[] = {0x0000, 0x0001, 0x7fff, 0x8000, 0x8001, 0xffff};
+  for (uint32_t sign = 0; sign < 2; ++sign)
+    for (uint32_t exp = 0; exp < 256; ++exp)
+      for (uint32_t keep : {0x00u, 0x01u, 0x7eu, 0x7fu})
+        for (uint32_t low : lows) v.push_back(sign << 31 | exp << 23 | keep << 16 | low);
+  return v;
+}
+
+std::vector<uint32_t> random_patterns(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint32_t> v(n);
+  for (auto& u : v) u = static_cast<uint32_t>(rng());
+  return v;
+}
+
+using ToBf16 = std::function<void(const float*, bf16*, int64_t)>;
+using ToF32 = std::function<void(const bf16*, float*, int64_t)>;
+
+// Converts the patterns in chunks of every length 0..40 (tails and unaligned starts), then all at
+// once, and compares with the scalar conversion bit for bit.
+void expect_matches_scalar(const ToBf16& convert, const std::vector<uint32_t>& patterns, const std::string& what) {
+  std::vector<float> src(patterns.size());
+  for (size_t i = 0; i < patterns.size(); ++i) src[i] = from_bits(patterns[i]);
+  std::vector<bf16> dst(src.size(), bf16{0xdead});
+  size_t pos = 0;
+  for (int64_t len = 0; pos < src.size(); len = (len + 1) % 41) {
+    const int64_t n = std::min<int64_t>(len, static_cast<int64_t>(src.size() - pos));
+    convert(src.data() + pos, dst.data() + pos, n);
+    pos += static_cast<size_t>(n);
+  }
+  int failures = 0;
+  for (size_t i = 0; i < src.size() && failures < 10; ++i) {
+    const uint16_t expected = float_to_bf16(src[i]).bits;
+    if (dst[i].bits != expected) {
+      ++failures;
+      ADD_FAILURE() << what << ": 0x" << std::hex << patterns[i] << " -> 0x" << dst[i].bits << ", expected 0x"
+                    << expected;
+    }
+  }
+  std::fill(dst.begin(), dst.end(), bf16{0xdead});
+  convert(src.data(), dst.data(), static_cast<int64_t>(src.size()));
+  for (size_t i = 0; i < src.size() && failures < 10; ++i)
+    if (dst[i].bits != float_to_bf16(src[i]).bits) ++failures, ADD_FAILURE() << what << " (one call) at " << i;
+}
+
+void expect_widening_exact(const ToF32& convert, const std::string& what) {
+  std::vector<bf16> src(65536 + 7);
+  for (size_t i = 0; i < src.size(); ++i) src[i].bits = static_cast<uint16_t>(i);
+  std::vector<float> dst(src.size());
+  for (int64_t len : {int64_t{0}, int64_t{1}, int64_t{15}, int64_t{17}, static_cast<int64_t>(src.size())}) {
+    std::fill(dst.begin(), dst.end(), 0.0f);
+    convert(src.data(), dst.data(), len);
+    for (int64_t i = 0; i < len; ++i)
+      ASSERT_EQ(to_bits(dst[i]), static_cast<uint32_t>(src[i].bits) << 16) << what << " at " << i;
+    for (size_t i = static_cast<size_t>(len); i < dst.size(); ++i) ASSERT_EQ(to_bits(dst[i]), 0u) << what;
+  }
+}
+
+TEST(Bf16Scalar, RoundsToNearestEvenAndKeepsNaN) {
+  EXPECT_EQ(float_to_bf16(from_bits(0x3f808000)).bits, 0x3f80);  // tie, kept bit even: down
+  EXPECT_EQ(float_to_bf16(from_bits(0x3f818000)).bits, 0x3f82);  // tie, kept bit odd: up
+  EXPECT_EQ(float_to_bf16(from_bits(0x3f808001)).bits, 0x3f81);
+  EXPECT_EQ(float_to_bf16(from_bits(0x7f7f8000)).bits, 0x7f80);  // rounds to +inf
+  EXPECT_EQ(float_to_bf16(from_bits(0x7f800001)).bits, 0x7fc0);  // signalling NaN → quiet NaN
+  EXPECT_EQ(float_to_bf16(from_bits(0xff800000)).bits, 0xff80);
+  EXPECT_EQ(float_to_bf16(from_bits(0x00008000)).bits, 0x0000);  // subnormal tie, even: down
+  EXPECT_EQ(float_to_bf16(from_bits(0x00018000)).bits, 0x0002);
+}
+
+TEST(Bf16Convert, PortableMatchesScalar) {
+  expect_matches_scalar(detail::float_to_bf16_portable, special_patterns(), "portable specials");
+  expect_matches_scalar(detail::float_to_bf16_portable, random_patterns(1 << 20, 1), "portable random");
+  expect_widening_exact(detail::bf16_to_float_portable, "portable widening");
+}
+
+TEST(Bf16Convert, Avx512MatchesScalar) {
+  if (!cpu_has_avx512_bf16()) GTEST_SKIP() << "CPU has no avx512_bf16: fast path not testable here";
+  expect_matches_scalar(detail::float_to_bf16_avx512, special_patterns(), "avx512 specials");
+  expect_matches_scalar(detail::float_to_bf16_avx512, random_patterns(1 << 22, 2), "avx512 random");
+  expect_widening_exact(detail::bf16_to_float_avx512, "avx512 widening");
+}
+
+TEST(Bf16Convert, DispatchedMatchesScalarOnEveryPath) {
+  const auto patterns = special_patterns();
+  for (Bf16Isa isa : {Bf16Isa::kPortable, Bf16Isa::kAvx512Bf16, Bf16Isa::kAuto}) {
+    if (isa == Bf16Isa::kAvx512Bf16 && !cpu_has_avx512_bf16()) continue;
+    set_bf16_isa_override(isa);
+    const std::string name = bf16_path_name();
+    expect_matches_scalar([](const float* s, bf16* d, int64_t n) { float_to_bf16(s, d, n); }, patterns, name);
+    expect_widening_exact([](const bf16* s, float* d, int64_t n) { bf16_to_float(s, d, n); }, name);
+  }
+  set_bf16_isa_override(Bf16Isa::kAuto);
+}
+
+TEST(Bf16Dispatch, OverrideSelectsPath) {
+  set_bf16_isa_override(Bf16Isa::kPortable);
+  EXPECT_EQ(bf16_active_isa(), Bf16Isa::kPortable);
+  EXPECT_STREQ(bf16_path_name(), "portable");
+  set_bf16_isa_override(Bf16Isa::kAuto);
+  if (cpu_has_avx512_bf16()) {
+    set_bf16_isa_override(Bf16Isa::kAvx512Bf16);
+    EXPECT_STREQ(bf16_path_name(), "avx512_bf16");
+    set_bf16_isa_override(Bf16Isa::kAuto);
+  } else {
+    EXPECT_THROW(set_bf16_isa_override(Bf16Isa::kAvx512Bf16), Error);
+    EXPECT_STREQ(bf16_path_name(), "portable");
+  }
+}
+
+TEST(Bf16Convert, StridedForms) {
+  const int64_t rows = 5, cols = 19, sld = 23, dld = 21;
+  std::vector<float> src(static_cast<size_t>(rows * sld));
+  for (size_t i = 0; i < src.size(); ++i) src[i] = 0.37f * static_cast<float>(i) - 11.0f;
+  std::vector<bf16> mid(static_cast<size_t>(rows * dld), bf16{0x7fc1});
+  float_to_bf16_2d(src.data(), sld, mid.data(), dld, rows, cols);
+  std::vector<float> back(static_cast<size_t>(rows * sld), -1.0f);
+  bf16_to_float_2d(mid.data(), dld, back.data(), sld, rows, cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < dld; ++c) {
+      if (c < cols) {
+        EXPECT_EQ(mid[r * dld + c].bits, float_to_bf16(src[r * sld + c]).bits);
+        EXPECT_EQ(back[r * sld + c], bf16_to_float(float_to_bf16(src[r * sld + c])));
+      } else {
+        EXPECT_EQ(mid[r * dld + c].bits, 0x7fc1);  // padding untouched
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cabm

@@ -1,0 +1,189 @@
+// gemm (fp32) and gemm_bf16 (bf16 operands, fp32 accumulation) against gemm_reference (double
+// accumulation) over both transposes, odd sizes, padded leading dimensions, K = 0, alpha and beta.
+//
+// Tolerance, per element (Higham 2002, §3.1): an fp32 dot product of K terms is off by at most
+// γ_K · Σ_k |a_ik||b_kj| with γ_K ≈ K·u, u = 2^-24; alpha, beta and the final add contribute a few
+// more u of |alpha|·Σ|a||b| + |beta·c|. bf16 inputs are exactly representable in fp32 and the
+// product of two bf16 values is exact in fp32 (8 + 8 significant bits), so the bf16 gemm obeys the
+// same bound as the fp32 one on the rounded inputs: nothing in the bound is bf16's epsilon.
+#include "core/threads.h"
+#include "kernels/bf16.h"
+#include "kernels/gemm.h"
+#include "util/test_util.h"
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace cabm {
+namespace {
+
+constexpr double kU = 0x1p-24;
+
+struct Case {
+  int64_t M, N, K;
+  bool ta, tb;
+  float alpha, beta;
+  int64_t pad;  // extra leading-dimension elements
+};
+
+std::string describe(const Case& c) {
+  return "M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
+         " ta=" + std::to_string(c.ta) + " tb=" + std::to_string(c.tb) + " alpha=" + std::to_string(c.alpha) +
+         " beta=" + std::to_string(c.beta) + " pad=" + std::to_string(c.pad);
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      out.push_back({7, 13, 29, ta, tb, 1.0f, 0.0f, 0});
+      out.push_back({33, 17, 65, ta, tb, 0.5f, 1.0f, 3});
+      out.push_back({1, 40, 3, ta, tb, -2.0f, 0.25f, 1});
+      out.push_back({50, 1, 77, ta, tb, 1.0f, -1.0f, 0});
+      out.push_back({5, 6, 0, ta, tb, 1.0f, 0.5f, 2});  // K = 0: c = beta·c
+      out.push_back({64, 48, 128, ta, tb, 1.0f, 0.0f, 5});
+    }
+  return out;
+}
+
+struct Operands {
+  std::vector<float> a, b, c0;
+  int64_t lda, ldb, ldc;
+};
+
+// Stored matrices: op(a) [M, K] stored as [M, lda] or [K, lda] when transposed; c [M, ldc] with
+// NaN in the padding (must stay untouched) and, when beta = 0, NaN in c (must be ignored).
+Operands make_operands(const Case& c, uint64_t seed, bool round_to_bf16) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  auto value = [&] {
+    const float x = dist(rng);
+    return round_to_bf16 ? bf16_to_float(float_to_bf16(x)) : x;
+  };
+  Operands o;
+  o.lda = (c.ta ? c.M : c.K) + c.pad;
+  o.ldb = (c.tb ? c.K : c.N) + c.pad;
+  o.ldc = c.N + c.pad;
+  o.a.resize(static_cast<size_t>((c.ta ? c.K : c.M) * o.lda));
+  o.b.resize(static_cast<size_t>((c.tb ? c.N : c.K) * o.ldb));
+  for (auto& x : o.a) x = value();
+  for (auto& x : o.b) x = value();
+  o.c0.assign(static_cast<size_t>(c.M * o.ldc), NAN);
+  if (c.beta != 0.0f)
+    for (int64_t i = 0; i < c.M; ++i)
+      for (int64_t j = 0; j < c.N; ++j) o.c0[i * o.ldc + j] = dist(rng);
+  return o;
+}
+
+// Per-element bound: 2·(K + 4)·u·(|alpha|·Σ|a||b| + |beta·c|), from the reference on |a|, |b|.
+std::vector<float> bounds(const Case& c, const Operands& o) {
+  std::vector<float> abs_a(o.a.size()), abs_b(o.b.size()), abs_c(o.c0.size(), 0.0f);
+  for (size_t i = 0; i < o.a.size(); ++i) abs_a[i] = std::fabs(o.a[i]);
+  for (size_t i = 0; i < o.b.size(); ++i) abs_b[i] = std::fabs(o.b[i]);
+  gemm_reference({abs_a.data(), c.M, c.K, o.lda, c.ta}, {abs_b.data(), c.K, c.N, o.ldb, c.tb}, abs_c.data(), o.ldc);
+  for (int64_t i = 0; i < c.M; ++i)
+    for (int64_t j = 0; j < c.N; ++j) {
+      const double beta_c = c.beta == 0.0f ? 0.0 : std::fabs(static_cast<double>(c.beta) * o.c0[i * o.ldc + j]);
+      abs_c[i * o.ldc + j] = static_cast<float>(2.0 * static_cast<double>(c.K + 4) * kU *
+                                                (std::fabs(c.alpha) * abs_c[i * o.ldc + j] + beta_c) + 1e-30);
+    }
+  return abs_c;
+}
+
+void expect_within(const Case& c, const Operands& o, const std::vector<float>& got, const std::vector<float>& want,
+                   const std::vector<float>& bound, const std::string& what) {
+  int failures = 0;
+  for (int64_t i = 0; i < c.M; ++i) {
+    for (int64_t j = 0; j < o.ldc; ++j) {
+      const size_t e = static_cast<size_t>(i * o.ldc + j);
+      if (j >= c.N) {  // padding untouched
+        if (!std::isnan(got[e]) && failures++ < 5) ADD_FAILURE() << what << " wrote padding at " << i << "," << j;
+        continue;
+      }
+      if (!(std::fabs(got[e] - want[e]) <= bound[e]) && failures++ < 5)
+        ADD_FAILURE() << what << " " << describe(c) << " at (" << i << "," << j << "): " << got[e] << " vs "
+                      << want[e] << " bound " << bound[e];
+    }
+  }
+}
+
+TEST(Gemm, Fp32MatchesReference) {
+  uint64_t seed = 1;
+  for (const Case& c : cases()) {
+    const Operands o = make_operands(c, seed++, false);
+    std::vector<float> want = o.c0, got = o.c0;
+    gemm_reference({o.a.data(), c.M, c.K, o.lda, c.ta}, {o.b.data(), c.K, c.N, o.ldb, c.tb}, want.data(), o.ldc,
+                   c.alpha, c.beta);
+    gemm({o.a.data(), c.M, c.K, o.lda, c.ta}, {o.b.data(), c.K, c.N, o.ldb, c.tb}, got.data(), o.ldc, c.alpha,
+         c.beta);
+    expect_within(c, o, got, want, bounds(c, o), "gemm");
+  }
+}
+
+void run_bf16_cases(const std::string& label) {
+  uint64_t seed = 100;
+  for (const Case& c : cases()) {
+    const Operands o = make_operands(c, seed++, true);
+    std::vector<bf16> a16(o.a.size()), b16(o.b.size());
+    float_to_bf16(o.a.data(), a16.data(), static_cast<int64_t>(o.a.size()));
+    float_to_bf16(o.b.data(), b16.data(), static_cast<int64_t>(o.b.size()));
+    std::vector<float> want = o.c0, got = o.c0, ref16 = o.c0;
+    gemm_reference({o.a.data(), c.M, c.K, o.lda, c.ta}, {o.b.data(), c.K, c.N, o.ldb, c.tb}, want.data(), o.ldc,
+                   c.alpha, c.beta);
+    const MatrixRefBf16 a{a16.data(), c.M, c.K, o.lda, c.ta}, b{b16.data(), c.K, c.N, o.ldb, c.tb};
+    gemm_bf16(a, b, got.data(), o.ldc, c.alpha, c.beta);
+    // Twice: the second call runs the cached primitive.
+    std::vector<float> again = o.c0;
+    gemm_bf16(a, b, again.data(), o.ldc, c.alpha, c.beta);
+    gemm_bf16_reference(a, b, ref16.data(), o.ldc, c.alpha, c.beta);
+    const auto bound = bounds(c, o);
+    expect_within(c, o, got, want, bound, "gemm_bf16 [" + label + "]");
+    expect_within(c, o, again, want, bound, "gemm_bf16 cached [" + label + "]");
+    expect_within(c, o, ref16, want, bound, "gemm_bf16_reference");
+  }
+}
+
+TEST(GemmBf16, MatchesReferenceOnRoundedInputs) {
+  const MatrixRefBf16 probe{nullptr, 64, 64, 64}, probe_b{nullptr, 64, 64, 64};
+  std::cout << "gemm_bf16 implementation: " << gemm_bf16_implementation(probe, probe_b, 64) << "\n";
+  run_bf16_cases("auto");
+}
+
+TEST(GemmBf16, ForcedPortableAndThreadCounts) {
+  set_bf16_isa_override(Bf16Isa::kPortable);
+  for (int threads : {1, 2}) {
+    test::ScopedThreads scoped(threads);
+    run_bf16_cases("portable, threads " + std::to_string(threads));
+  }
+  set_bf16_isa_override(Bf16Isa::kAuto);
+}
+
+TEST(GemmBf16, ConcurrentCallsShareTheCache) {
+  const Case c{31, 23, 47, false, true, 1.0f, 0.0f, 0};
+  const Operands o = make_operands(c, 7, true);
+  std::vector<bf16> a16(o.a.size()), b16(o.b.size());
+  float_to_bf16(o.a.data(), a16.data(), static_cast<int64_t>(o.a.size()));
+  float_to_bf16(o.b.data(), b16.data(), static_cast<int64_t>(o.b.size()));
+  std::vector<float> first = o.c0;
+  gemm_bf16({a16.data(), c.M, c.K, o.lda, c.ta}, {b16.data(), c.K, c.N, o.ldb, c.tb}, first.data(), o.ldc);
+  int mismatches = 0;
+#pragma omp parallel for num_threads(2) reduction(+ : mismatches)
+  for (int rep = 0; rep < 8; ++rep) {
+    std::vector<float> got = o.c0;
+    gemm_bf16({a16.data(), c.M, c.K, o.lda, c.ta}, {b16.data(), c.K, c.N, o.ldb, c.tb}, got.data(), o.ldc);
+    for (int64_t i = 0; i < c.M * o.ldc; ++i)
+      mismatches += !(got[i] == first[i] || (std::isnan(got[i]) && std::isnan(first[i])));
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
+TEST(GemmBf16, RejectsMismatchedShapes) {
+  std::vector<bf16> x(16);
+  std::vector<float> y(16);
+  EXPECT_THROW(gemm_bf16({x.data(), 2, 3, 3}, {x.data(), 4, 2, 2}, y.data(), 2), Error);
+}
+
+}  // namespace
+}  // namespace cabm
