@@ -1,4 +1,5 @@
 #include "kernels/attention_flash_bf16.h"
+#include "kernels/tile_mask.h"
 
 #include "kernels/bf16.h"
 
@@ -22,99 +23,6 @@ constexpr int64_t kKeyBlock = 16;  // keys per packed K block: one zmm of fp32 s
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
-
-// ---------------------------------------------------------------------------------------------
-// Masks per tile. A minimal copy of the interval logic of attention_flash.cpp's FlashMask (which is
-// internal to that file): causal, sliding window and key padding allow one interval of keys
-// [lo(i), hi(b, i)) per query row, both ends non-decreasing in i; block-sparse layouts are checked
-// per tile; allow / additive tensors are evaluated per element on partial tiles only.
-enum class TileKind { kSkip, kFull, kPartial };
-struct Range {
-  int64_t begin, end;
-};
-
-class TileMask {
- public:
-  TileMask(const Mask& mask, int64_t B, int64_t H, int64_t N, int64_t M) : mask_(mask), N_(N), M_(M) {
-    mask.validate(B, H, N, M);
-    for (const Tensor& t : mask.allowed()) allowed_.push_back(broadcast_to_bhnm(t, B, H, N, M, "allow mask"));
-    for (const Tensor& t : mask.biases()) biases_.push_back(broadcast_to_bhnm(t, B, H, N, M, "additive mask"));
-  }
-  bool per_element() const { return !allowed_.empty() || !biases_.empty(); }
-  int64_t lo(int64_t i) const { return std::max<int64_t>(0, i + M_ - N_ - mask_.window_left()); }
-  int64_t hi(int64_t b, int64_t i) const {
-    const int64_t p = i + M_ - N_;
-    int64_t h = std::min(M_, p + mask_.window_right() + 1);
-    if (mask_.causal_align() == CausalAlign::kBottomRight) h = std::min(h, p + 1);
-    if (mask_.causal_align() == CausalAlign::kTopLeft) h = std::min(h, i + 1);
-    if (!mask_.key_lengths().empty()) h = std::min(h, mask_.key_lengths()[b]);
-    return h;
-  }
-  Range key_range(int64_t b, Range rows) const {
-    Range r{M_, 0};
-    for (int64_t i = rows.begin; i < rows.end; ++i) {
-      const int64_t l = lo(i), h = hi(b, i);
-      if (l < h) r = {std::min(r.begin, l), std::max(r.end, h)};
-    }
-    return r.begin < r.end ? r : Range{0, 0};
-  }
-  TileKind classify(int64_t b, int64_t h, Range rows, Range keys) const {
-    bool any = false, full = true;
-    for (int64_t i = rows.begin; i < rows.end; ++i) {
-      const int64_t l = lo(i), u = hi(b, i);
-      any |= std::max(l, keys.begin) < std::min(u, keys.end);
-      full &= l <= keys.begin && u >= keys.end;
-    }
-    if (!any) return TileKind::kSkip;
-    for (const BlockSparseLayout& layout : mask_.block_layouts()) {
-      const Tensor& blocks = layout.blocks;
-      const uint8_t* p = blocks.data<uint8_t>() + (blocks.size(0) == 1 ? 0 : h) * blocks.stride(0);
-      int64_t allowed = 0, total = 0;
-      for (int64_t qb = rows.begin / layout.block_q; qb <= (rows.end - 1) / layout.block_q; ++qb)
-        for (int64_t kb = keys.begin / layout.block_k; kb <= (keys.end - 1) / layout.block_k; ++kb, ++total)
-          allowed += p[qb * blocks.stride(1) + kb * blocks.stride(2)] != 0;
-      if (allowed == 0) return TileKind::kSkip;
-      full &= allowed == total;
-    }
-    return full && !per_element() ? TileKind::kFull : TileKind::kPartial;
-  }
-  // tile[r · ld + c] = additive term of (rows.begin + r, keys.begin + c), times bias_scale; −inf
-  // where blocked.
-  void fill(int64_t b, int64_t h, Range rows, Range keys, float bias_scale, float* tile, int64_t ld) const {
-    const int64_t ni = rows.end - rows.begin, nk = keys.end - keys.begin;
-    for (int64_t r = 0; r < ni; ++r) {
-      const int64_t i = rows.begin + r;
-      const int64_t l = std::clamp(lo(i) - keys.begin, int64_t{0}, nk);
-      const int64_t u = std::clamp(hi(b, i) - keys.begin, l, nk);
-      float* out = tile + r * ld;
-      std::fill(out, out + l, -INFINITY);
-      std::fill(out + l, out + u, 0.0f);
-      std::fill(out + u, out + nk, -INFINITY);
-    }
-    if (mask_.block_layouts().empty() && !per_element()) return;
-    for (int64_t i = rows.begin; i < rows.end; ++i) {
-      float* out = tile + (i - rows.begin) * ld;
-      for (int64_t j = keys.begin; j < keys.end; ++j) {
-        float& e = out[j - keys.begin];
-        if (e == -INFINITY) continue;
-        bool allowed = mask_.structurally_allows(b, h, i, j, N_, M_);
-        for (const Tensor& t : allowed_) {
-          if (!allowed) break;
-          allowed = t.data<uint8_t>()[b * t.stride(0) + h * t.stride(1) + i * t.stride(2) + j * t.stride(3)] != 0;
-        }
-        float bias = 0.0f;
-        for (const Tensor& t : biases_)
-          bias += t.data<float>()[b * t.stride(0) + h * t.stride(1) + i * t.stride(2) + j * t.stride(3)];
-        e = allowed ? bias * bias_scale : -INFINITY;
-      }
-    }
-  }
-
- private:
-  const Mask& mask_;
-  int64_t N_, M_;
-  std::vector<Tensor> allowed_, biases_;
-};
 
 // ---------------------------------------------------------------------------------------------
 // Packed layouts (all bf16, zero padded), per head:
@@ -414,7 +322,7 @@ void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int64_t h, in
       // Blocked and padding columns get −inf; the additive bias is scaled to base 2 like the scores.
       float* mt = buf.mask.data();
       if (kind == TileKind::kPartial) {
-        args.mask.fill(b, h, rows, keys, kLog2e, mt, buf.lds);
+        args.mask.fill(b, h, rows, keys, kLog2e, mt, buf.lds, 1);
       } else {
         for (int64_t r = 0; r < ni; ++r) std::fill_n(mt + r * buf.lds, nk, 0.0f);
       }
