@@ -9,5 +9,7 @@ void register_forward(CLI::App& app);
 void register_train(CLI::App& app);     // cmd_train.cpp
 void register_generate(CLI::App& app);  // cmd_generate.cpp
 void register_eval(CLI::App& app);      // cmd_eval.cpp
+void register_bench(CLI::App& app);     // cmd_bench.cpp
+void register_memory(CLI::App& app);    // cmd_memory.cpp
 
 }  // namespace cabm::cli

@@ -1,0 +1,142 @@
+#include "cli/bench_util.h"
+
+#include "core/threads.h"
+
+#include <omp.h>
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+namespace cabm::cli {
+
+namespace {
+
+// Iterations of 12 independent FMAs: enough accumulators to cover latency × pipes (4 × 2 on Zen 3,
+// 4 × 2 on Zen 5 / Intel), so the loop is throughput-bound. Returns FLOPs done by this thread.
+double fma_loop(int64_t iterations, float* sink) {
+  constexpr int kAcc = 12;
+#if defined(__AVX512F__)
+  using V = __m512;
+  constexpr int kLanes = 16;
+  V acc[kAcc];
+  for (int a = 0; a < kAcc; ++a) acc[a] = _mm512_set1_ps(0.001f * a);
+  const V x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iterations; ++it) {
+    for (int a = 0; a < kAcc; ++a) acc[a] = _mm512_fmadd_ps(acc[a], x, y);
+  }
+  float total = 0;
+  for (int a = 0; a < kAcc; ++a) total += _mm512_reduce_add_ps(acc[a]);
+#elif defined(__AVX2__) && defined(__FMA__)
+  using V = __m256;
+  constexpr int kLanes = 8;
+  V acc[kAcc];
+  for (int a = 0; a < kAcc; ++a) acc[a] = _mm256_set1_ps(0.001f * a);
+  const V x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iterations; ++it) {
+    for (int a = 0; a < kAcc; ++a) acc[a] = _mm256_fmadd_ps(acc[a], x, y);
+  }
+  float lanes[8];
+  float total = 0;
+  for (int a = 0; a < kAcc; ++a) {
+    _mm256_storeu_ps(lanes, acc[a]);
+    for (float l : lanes) total += l;
+  }
+#else
+  constexpr int kLanes = 1;
+  float acc[kAcc];
+  for (int a = 0; a < kAcc; ++a) acc[a] = 0.001f * a;
+  for (int64_t it = 0; it < iterations; ++it) {
+    for (int a = 0; a < kAcc; ++a) acc[a] = acc[a] * 0.999999f + 1e-7f;
+  }
+  float total = 0;
+  for (int a = 0; a < kAcc; ++a) total += acc[a];
+#endif
+  *sink = total;
+  return 2.0 * kAcc * kLanes * static_cast<double>(iterations);
+}
+
+int64_t status_field_kb(const char* field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  const size_t n = std::strlen(field);
+  while (std::getline(in, line)) {
+    if (line.compare(0, n, field) == 0 && line.size() > n && line[n] == ':') return std::stoll(line.substr(n + 1));
+  }
+  return 0;
+}
+
+}  // namespace
+
+const char* fma_peak_isa() {
+#if defined(__AVX512F__)
+  return "avx512";
+#elif defined(__AVX2__) && defined(__FMA__)
+  return "avx2+fma";
+#else
+  return "scalar";
+#endif
+}
+
+double measure_fma_peak(double seconds) {
+  using Clock = std::chrono::steady_clock;
+  const int threads = num_threads();
+  std::vector<float> sinks(static_cast<size_t>(threads) * 16);
+  // Calibrate one chunk on one thread, then time all threads together; the best of three rounds
+  // (the machine may be shared: the peak is what the cores can do, not what we got once).
+  int64_t chunk = 1 << 16;
+  for (;;) {
+    const auto t0 = Clock::now();
+    fma_loop(chunk, sinks.data());
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (dt > 0.01 || chunk > (int64_t{1} << 30)) {
+      chunk = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(chunk) * (seconds / 3) / dt));
+      break;
+    }
+    chunk *= 4;
+  }
+  double best = 0;
+  for (int round = 0; round < 3; ++round) {
+    double flops = 0;
+    const auto t0 = Clock::now();
+#pragma omp parallel num_threads(threads) reduction(+ : flops)
+    flops += fma_loop(chunk, sinks.data() + 16 * omp_get_thread_num());
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = std::max(best, flops / dt);
+  }
+  return best;
+}
+
+int64_t current_rss_bytes() {
+  return status_field_kb("VmRSS") * 1024;
+}
+int64_t peak_rss_bytes() {
+  return status_field_kb("VmHWM") * 1024;
+}
+
+void MemoryProbe::start() {
+  std::FILE* f = std::fopen("/proc/self/clear_refs", "w");
+  reset_ok_ = f != nullptr && std::fputs("5", f) >= 0;
+  if (f != nullptr) reset_ok_ = std::fclose(f) == 0 && reset_ok_;
+  base_ = current_rss_bytes();
+}
+
+int64_t MemoryProbe::peak_increase() const {
+  return std::max<int64_t>(0, peak_rss_bytes() - base_);
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+}  // namespace cabm::cli

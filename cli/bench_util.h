@@ -1,0 +1,33 @@
+// Measurement helpers shared by `cabm bench` and `cabm memory`: this machine's FMA peak, a
+// resident-memory probe and medians. Benchmarks are not kernels, so these live in cli/.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace cabm::cli {
+
+// FP32 FLOP/s of a register-only FMA loop on num_threads() threads, using the widest vectors the
+// build supports (see fma_peak_isa()). Runs for about `seconds`.
+double measure_fma_peak(double seconds = 0.3);
+const char* fma_peak_isa();  // "avx512", "avx2+fma" or "scalar"
+
+// Resident memory of this process, from /proc/self/status.
+struct MemoryProbe {
+  // Resets the peak (VmHWM) to the current RSS by writing 5 to /proc/self/clear_refs (Linux >= 4.0)
+  // and records the current RSS. If the reset is not allowed, falls back to the process peak.
+  void start();
+  // Bytes by which the peak RSS since start() exceeds the RSS at start().
+  int64_t peak_increase() const;
+  bool reset_worked() const { return reset_ok_; }
+
+ private:
+  int64_t base_ = 0;
+  bool reset_ok_ = false;
+};
+int64_t current_rss_bytes();
+int64_t peak_rss_bytes();
+
+double median(std::vector<double> values);
+
+}  // namespace cabm::cli

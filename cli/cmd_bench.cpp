@@ -1,0 +1,296 @@
+// `cabm bench attention`: times the attention kernels on this machine and puts the numbers in
+// context: GFLOP/s, the fraction of this machine's FMA peak (measured by the same command), the
+// memory the call touched, and the speed-up over the reference kernel.
+//
+// FLOP convention (FlashAttention's): forward 4·B·H·d·pairs, backward 2.5× that, where pairs
+// counts only the (query, key) pairs the mask allows: N·M without a mask, N(N+1)/2 causal,
+// Σ min(i+1, 256) for the sliding window, and the allowed blocks' areas for BigBird. So a masked
+// case is credited only with the work it must do; skipped tiles earn nothing.
+//
+// The inputs are head views of one fused [B, N, 3·H·d] projection, as nn/ produces them (the
+// same setup as bench/bench_attention.cpp, which has the Google Benchmark form of these cases).
+#include "cli/bench_util.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "core/threads.h"
+#include "kernels/attention.h"
+#include "kernels/block_sparse.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace cabm::cli {
+
+namespace {
+
+constexpr int64_t kWindow = 256;          // keys per query in the "window" case, own position included
+constexpr int64_t kReferenceMaxN = 2048;  // the reference is O(N·M) work per row and slow: skipped above
+
+struct BenchFlags {
+  std::vector<int64_t> n{256, 1024};
+  std::vector<int64_t> d{64};
+  std::vector<std::string> masks{"none", "causal", "window", "bigbird"};
+  int64_t heads = 8;
+  int64_t batch = 1;
+  int64_t repeats = 5;
+  int threads = 0;
+  bool json = false;
+  bool backward = false;
+  CLI::Option* threads_option = nullptr;
+};
+
+struct Problem {
+  int64_t B, H, N, d;
+  std::string mask_name;
+  Tensor qkv, q, k, v, out, lse, dout, grad_buffer;
+  AttentionOptions options;
+  AttentionGrads grads;
+  double pairs = 0;  // attended (query, key) pairs, summed over heads and batch
+
+  Problem(int64_t B_, int64_t H_, int64_t N_, int64_t d_, const std::string& mask)
+      : B(B_), H(H_), N(N_), d(d_), mask_name(mask) {
+    const int64_t E = H * d;
+    qkv = Tensor::empty({B, N, 3 * E});
+    fill_random(qkv, 1);
+    const Tensor heads = qkv.view({B, N, 3, H, d});
+    q = heads.select(2, 0);
+    k = heads.select(2, 1);
+    v = heads.select(2, 2);
+    out = Tensor::empty({B, N, H, d});
+    lse = Tensor::empty({B, H, N});
+    dout = Tensor::empty({B, N, H, d});
+    fill_random(dout, 2);
+    grad_buffer = Tensor::empty({B, N, 3, H, d});
+    grads = {grad_buffer.select(2, 0), grad_buffer.select(2, 1), grad_buffer.select(2, 2)};
+    double per_head = 0;
+    if (mask == "none") {
+      per_head = static_cast<double>(N) * static_cast<double>(N);
+    } else if (mask == "causal") {
+      options.mask = Mask::causal();
+      per_head = 0.5 * static_cast<double>(N) * static_cast<double>(N + 1);
+    } else if (mask == "window") {
+      options.mask = Mask::sliding_window(kWindow - 1, 0);
+      for (int64_t i = 0; i < N; ++i) per_head += static_cast<double>(std::min(i + 1, kWindow));
+    } else if (mask == "bigbird") {
+      BigBirdConfig config;  // blocks of 64: 1 local block each side, 1 global, 2 random
+      BlockSparseLayout layout = bigbird_layout(N, N, config);
+      const int64_t nb = layout.blocks.size(1), mb = layout.blocks.size(2), blk = layout.block_q;
+      const uint8_t* allowed = layout.blocks.data<uint8_t>();
+      for (int64_t qb = 0; qb < nb; ++qb)
+        for (int64_t kb = 0; kb < mb; ++kb)
+          if (allowed[qb * mb + kb])
+            per_head +=
+                static_cast<double>(std::min(blk, N - qb * blk)) * static_cast<double>(std::min(blk, N - kb * blk));
+      options.mask = Mask::block_sparse(std::move(layout));
+    } else {
+      throw Error(fmt::format("--masks: unknown mask '{}' (expected none, causal, window or bigbird)", mask));
+    }
+    pairs = per_head * static_cast<double>(B * H);
+  }
+
+  static void fill_random(const Tensor& t, uint64_t seed) {
+    float* p = t.data<float>();
+    Rng rng(seed);
+    for (int64_t n = 0; n < t.numel(); ++n) p[n] = 2.0f * rng.next_uniform() - 1.0f;
+  }
+
+  double forward_flops() const { return 4.0 * pairs * static_cast<double>(d); }
+};
+
+struct Timing {
+  double seconds = 0;  // median
+  int64_t memory = 0;  // peak RSS increase during the calls, bytes
+};
+
+Timing time_calls(int64_t repeats, const std::function<void()>& call) {
+  using Clock = std::chrono::steady_clock;
+  MemoryProbe probe;
+  probe.start();
+  call();  // warm-up (first-touch of buffers, thread pool start)
+  std::vector<double> seconds;
+  for (int64_t r = 0; r < repeats; ++r) {
+    const auto t0 = Clock::now();
+    call();
+    seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return {median(seconds), probe.peak_increase()};
+}
+
+struct Row {
+  int64_t N, d;
+  std::string mask, direction;
+  double flops, seconds, gflops, percent_peak;
+  int64_t memory;
+  std::optional<double> reference_seconds;
+  std::optional<int64_t> reference_memory;
+};
+
+std::vector<Row> run_case(const BenchFlags& f, int64_t N, int64_t d, const std::string& mask, double peak) {
+  Problem p(f.batch, f.heads, N, d, mask);
+  const bool with_reference = N <= kReferenceMaxN;
+  const int64_t reference_repeats = std::min<int64_t>(f.repeats, 3);
+  std::vector<Row> rows;
+  auto add = [&](const std::string& direction, double flops, const Timing& t, const std::optional<Timing>& ref) {
+    Row row{N,
+            d,
+            mask,
+            direction,
+            flops,
+            t.seconds,
+            flops / t.seconds * 1e-9,
+            100.0 * flops / t.seconds / peak,
+            t.memory,
+            std::nullopt,
+            std::nullopt};
+    if (ref) {
+      row.reference_seconds = ref->seconds;
+      row.reference_memory = ref->memory;
+    }
+    rows.push_back(row);
+  };
+
+  const Timing fwd = time_calls(f.repeats, [&] { attention_flash_forward(p.q, p.k, p.v, p.options, p.out, &p.lse); });
+  std::optional<Timing> fwd_ref;
+  if (with_reference) {
+    fwd_ref = time_calls(reference_repeats,
+                         [&] { attention_reference_forward(p.q, p.k, p.v, p.options, p.out, nullptr, &p.lse); });
+  }
+  add("forward", p.forward_flops(), fwd, fwd_ref);
+
+  if (f.backward) {
+    attention_flash_forward(p.q, p.k, p.v, p.options, p.out, &p.lse);
+    const AttentionSaved saved{p.q, p.k, p.v, p.out, p.lse};
+    const Timing bwd = time_calls(f.repeats, [&] { attention_flash_backward(saved, p.dout, p.options, p.grads); });
+    std::optional<Timing> bwd_ref;
+    if (with_reference) {
+      const AttentionSaved ref_saved{p.q, p.k, p.v, p.out, Tensor()};
+      bwd_ref =
+          time_calls(reference_repeats, [&] { attention_reference_backward(ref_saved, p.dout, p.options, p.grads); });
+    }
+    add("backward", 2.5 * p.forward_flops(), bwd, bwd_ref);
+  }
+  return rows;
+}
+
+std::string mib(int64_t bytes) {
+  return fmt::format("{:.1f}", static_cast<double>(bytes) / (1024.0 * 1024.0));
+}
+
+void validate(const BenchFlags& f) {
+  if (f.n.empty() || f.d.empty() || f.masks.empty()) throw Error("--n, --d and --masks need at least one value each");
+  for (int64_t n : f.n)
+    if (n < 1) throw Error(fmt::format("--n must be positive, got {}", n));
+  for (int64_t d : f.d)
+    if (d < 1) throw Error(fmt::format("--d must be positive, got {}", d));
+  if (f.heads < 1) throw Error(fmt::format("--heads must be positive, got {}", f.heads));
+  if (f.batch < 1) throw Error(fmt::format("--batch must be positive, got {}", f.batch));
+  if (f.repeats < 1) throw Error(fmt::format("--repeats must be positive, got {}", f.repeats));
+  for (const std::string& m : f.masks)
+    if (m != "none" && m != "causal" && m != "window" && m != "bigbird")
+      throw Error(fmt::format("--masks: unknown mask '{}' (expected none, causal, window or bigbird)", m));
+}
+
+void bench_attention(const BenchFlags& f) {
+  if (f.threads_option->count() > 0) {
+    if (f.threads < 1) throw Error(fmt::format("--threads must be at least 1, got {}", f.threads));
+    set_num_threads(f.threads);
+  }
+  validate(f);
+  const double peak = measure_fma_peak();
+  std::vector<Row> rows;
+  if (!f.json) {
+    std::printf("attention kernel: flash (%s), threads %d, B %lld, H %lld, repeats %lld (median)\n", flash_isa(),
+                num_threads(), static_cast<long long>(f.batch), static_cast<long long>(f.heads),
+                static_cast<long long>(f.repeats));
+    std::printf("FMA peak (%s loop, %d threads): %.1f GFLOP/s\n", fma_peak_isa(), num_threads(), peak * 1e-9);
+    std::printf("GFLOP/s: forward 4*B*H*d*pairs, backward 2.5x, pairs = attended (query, key) pairs only\n");
+    std::printf(
+        "mem: peak RSS increase during the calls (inputs excluded); ref: reference kernel, skipped for N > %lld\n\n",
+        static_cast<long long>(kReferenceMaxN));
+    std::printf("%6s %5s %-8s %-8s %10s %9s %6s %8s %10s %8s %8s\n", "N", "d", "mask", "pass", "time_ms", "GFLOP/s",
+                "%peak", "mem_MiB", "ref_ms", "ref_MiB", "speedup");
+    std::fflush(stdout);
+  }
+  for (int64_t d : f.d)
+    for (const std::string& mask : f.masks)
+      for (int64_t N : f.n)
+        for (const Row& r : run_case(f, N, d, mask, peak)) {
+          rows.push_back(r);
+          if (!f.json) {
+            std::printf("%6lld %5lld %-8s %-8s %10.3f %9.2f %6.1f %8s %10s %8s %8s\n", static_cast<long long>(r.N),
+                        static_cast<long long>(r.d), r.mask.c_str(), r.direction.c_str(), r.seconds * 1e3, r.gflops,
+                        r.percent_peak, mib(r.memory).c_str(),
+                        r.reference_seconds ? fmt::format("{:.3f}", *r.reference_seconds * 1e3).c_str() : "-",
+                        r.reference_memory ? mib(*r.reference_memory).c_str() : "-",
+                        r.reference_seconds ? fmt::format("{:.1f}x", *r.reference_seconds / r.seconds).c_str() : "-");
+            std::fflush(stdout);
+          }
+        }
+  if (f.json) {
+    nlohmann::json j;
+    j["kernel_isa"] = flash_isa();
+    j["peak_isa"] = fma_peak_isa();
+    j["threads"] = num_threads();
+    j["batch"] = f.batch;
+    j["heads"] = f.heads;
+    j["repeats"] = f.repeats;
+    j["peak_gflops"] = peak * 1e-9;
+    j["flop_convention"] = "forward 4*B*H*d*attended_pairs, backward 2.5x forward";
+    j["memory"] = "peak RSS increase during the timed calls, bytes (inputs excluded)";
+    j["cases"] = nlohmann::json::array();
+    for (const Row& r : rows) {
+      nlohmann::json c;
+      c["N"] = r.N;
+      c["d"] = r.d;
+      c["mask"] = r.mask;
+      c["pass"] = r.direction;
+      c["flops"] = r.flops;
+      c["time_ms"] = r.seconds * 1e3;
+      c["gflops"] = r.gflops;
+      c["percent_peak"] = r.percent_peak;
+      c["memory_bytes"] = r.memory;
+      c["reference_time_ms"] = r.reference_seconds ? nlohmann::json(*r.reference_seconds * 1e3) : nlohmann::json();
+      c["reference_memory_bytes"] = r.reference_memory ? nlohmann::json(*r.reference_memory) : nlohmann::json();
+      c["speedup_vs_reference"] =
+          r.reference_seconds ? nlohmann::json(*r.reference_seconds / r.seconds) : nlohmann::json();
+      j["cases"].push_back(c);
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+  }
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks of the kernels on this machine");
+  bench->require_subcommand(1);
+  CLI::App* cmd = bench->add_subcommand(
+      "attention", "Time the flash attention kernel (and the reference) over sizes and masks: GFLOP/s, % of FMA peak");
+  auto f = std::make_shared<BenchFlags>();
+  cmd->add_option("--n", f->n, "sequence lengths N = M (default 256 1024)")->delimiter(',');
+  cmd->add_option("--d", f->d, "head dims (default 64)")->delimiter(',');
+  cmd->add_option("--masks", f->masks,
+                  "none, causal, window (256 keys, causal side), bigbird (blocks of 64); default all")
+      ->delimiter(',');
+  cmd->add_option("--heads", f->heads, "heads H (default 8)");
+  cmd->add_option("--batch", f->batch, "batch B (default 1)");
+  cmd->add_option("--repeats", f->repeats,
+                  "timed calls per case, the median is reported (default 5; reference: at most 3)");
+  f->threads_option = cmd->add_option("--threads", f->threads, "threads (default: CABM_NUM_THREADS or all cores)");
+  cmd->add_flag("--json", f->json, "machine-readable output (one JSON object)");
+  cmd->add_flag("--backward", f->backward, "also time the backward pass");
+  cmd->callback([f] { bench_attention(*f); });
+}
+
+}  // namespace cabm::cli

@@ -1,0 +1,120 @@
+// `cabm bench attention` and `cabm memory` end to end on tiny cases: the text table, the JSON
+// form, the memory estimate against the model's own parameter list, and bad flags (one line on
+// stderr, non-zero exit).
+#include "nn/causal_lm.h"
+#include "nn/parameters.h"
+#include "train/lm_trainer.h"
+#include "train/train_config.h"
+#include "util/test_util.h"
+
+#include <nlohmann/json.hpp>
+
+#include <sys/wait.h>
+
+#include <fstream>
+#include <sstream>
+
+namespace cabm {
+namespace {
+
+struct CmdResult {
+  int status = -1;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+CmdResult cabm(const std::string& args) {
+  const std::string dir = test::temp_dir();
+  const std::string cmd =
+      "CABM_NUM_THREADS=2 " + test::cabm_binary() + " " + args + " >" + dir + "/stdout 2>" + dir + "/stderr </dev/null";
+  const int raw = std::system(cmd.c_str());
+  CmdResult r;
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  r.out = slurp(dir + "/stdout");
+  r.err = slurp(dir + "/stderr");
+  return r;
+}
+
+void expect_one_line_error(const CmdResult& r, const std::string& needle) {
+  EXPECT_NE(r.status, 0) << r.out;
+  ASSERT_FALSE(r.err.empty());
+  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "more than one line:\n" << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
+}
+
+bool contains(const std::string& s, const std::string& needle) {
+  return s.find(needle) != std::string::npos;
+}
+
+TEST(CliBench, AttentionTable) {
+  const CmdResult r = cabm("bench attention --n 64 --d 16 --repeats 1 --backward");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "attention kernel: flash (")) << r.out;
+  EXPECT_TRUE(contains(r.out, "FMA peak")) << r.out;
+  EXPECT_TRUE(contains(r.out, "GFLOP/s")) << r.out;
+  for (const char* mask : {"none", "causal", "window", "bigbird"}) EXPECT_TRUE(contains(r.out, mask)) << r.out;
+  EXPECT_TRUE(contains(r.out, "backward")) << r.out;
+}
+
+TEST(CliBench, AttentionJson) {
+  const CmdResult r = cabm("bench attention --n 64,96 --d 16 --masks none,causal --repeats 1 --json --heads 2");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j.at("kernel_isa").is_string());
+  EXPECT_GT(j.at("peak_gflops").get<double>(), 0.0);
+  EXPECT_EQ(j.at("heads").get<int64_t>(), 2);
+  EXPECT_EQ(j.at("threads").get<int>(), 2);
+  const auto& cases = j.at("cases");
+  ASSERT_EQ(cases.size(), 4u);
+  for (const auto& c : cases) {
+    EXPECT_GT(c.at("gflops").get<double>(), 0.0);
+    EXPECT_GT(c.at("time_ms").get<double>(), 0.0);
+    EXPECT_GT(c.at("percent_peak").get<double>(), 0.0);
+    EXPECT_GE(c.at("memory_bytes").get<int64_t>(), 0);
+    EXPECT_EQ(c.at("pass").get<std::string>(), "forward");
+    EXPECT_GT(c.at("speedup_vs_reference").get<double>(), 0.0);  // N <= 2048: the reference ran
+    const int64_t N = c.at("N").get<int64_t>();
+    const double pairs = c.at("mask") == "none" ? double(N) * N : 0.5 * double(N) * (N + 1);
+    EXPECT_DOUBLE_EQ(c.at("flops").get<double>(), 4.0 * 1 * 2 * 16 * pairs);
+  }
+}
+
+TEST(CliMemory, EstimateAndMeasurement) {
+  const CmdResult r = cabm("memory --layers 2 --d-model 32 --heads 4 --d-ff 64 --vocab 50 --seq-len 16 --batch-size 2");
+  ASSERT_EQ(r.status, 0) << r.err;
+  TrainConfig config;
+  config.layers = 2;
+  config.d_model = 32;
+  config.heads = 4;
+  config.d_ff = 64;
+  config.seq_len = 16;
+  CausalLMConfig mc = lm_model_config(config);
+  mc.vocab_size = 50;
+  const CausalLM model = make_causal_lm(mc);
+  int64_t count = 0;
+  for (const NamedTensor& p : named_parameters(model)) count += p.tensor.numel();
+  EXPECT_TRUE(contains(r.out, "parameters: " + std::to_string(count) + " = ")) << r.out;
+  for (const char* line :
+       {"gradients:", "AdamW state:", "saved activations per layer", "attention scores/weights", "reference path",
+        "tiled (flash) path", "estimated step total", "MEASURED", "peak RSS increase:"})
+    EXPECT_TRUE(contains(r.out, line)) << line << "\n" << r.out;
+}
+
+TEST(CliBench, BadFlags) {
+  expect_one_line_error(cabm("bench attention --n 0"), "--n");
+  expect_one_line_error(cabm("bench attention --masks diagonal"), "diagonal");
+  expect_one_line_error(cabm("bench attention --repeats x"), "--repeats");
+  expect_one_line_error(cabm("bench"), "error");
+  expect_one_line_error(cabm("memory --d-model 30 --heads 4"), "");
+  expect_one_line_error(cabm("memory --vocab 0"), "--vocab");
+  expect_one_line_error(cabm("memory --layers"), "--layers");
+}
+
+}  // namespace
+}  // namespace cabm
