@@ -24,7 +24,7 @@ while [ $# -gt 0 ]; do
 done
 
 case "$preset" in
-  default) model=(--layers 4 --heads 4 --d-model 128 --d-ff 512 --batch-size 16 --seq-len 128); steps="${steps:-200}" ;;
+  default) model=(--layers 4 --heads 4 --d-model 128 --d-ff 512 --batch-size 16 --seq-len 64); steps="${steps:-200}" ;;
   big) model=(--layers 6 --heads 8 --d-model 256 --d-ff 1024 --batch-size 32 --seq-len 128); steps="${steps:-20}" ;;
   *) echo "train_compare.sh: unknown preset $preset (default, big)" >&2; exit 2 ;;
 esac

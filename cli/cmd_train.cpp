@@ -12,11 +12,13 @@
 #include "train/generate.h"
 #include "train/langid_trainer.h"
 #include "train/lm_trainer.h"
+#include "train/model_config.h"
 
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <tuple>
 
 namespace cabm::cli {
 
@@ -26,48 +28,6 @@ namespace fs = std::filesystem;
 
 volatile std::sig_atomic_t g_interrupted = 0;
 extern "C" void on_interrupt(int) { g_interrupted = 1; }
-
-// Defaults per task; flags given on the command line override them.
-TrainConfig task_defaults(TrainTask task) {
-  TrainConfig c;
-  c.task = task;
-  if (task == TrainTask::kLanguageModel) {
-    c.out_dir = "runs/lm";
-    c.layers = 4;
-    c.heads = 4;
-    c.d_model = 128;
-    c.d_ff = 512;
-    c.dropout = 0.0f;
-    c.norm_first = true;
-    c.steps = 2000;
-    c.batch_size = 16;
-    c.seq_len = 128;
-    c.schedule.kind = ScheduleKind::kCosine;
-    c.schedule.lr = 2e-3;
-    c.schedule.warmup = 100;
-    c.eval_interval = 250;
-    c.eval_windows = 64;
-    c.log_interval = 50;
-  } else {
-    c.out_dir = "runs/langid";
-    c.layers = 2;
-    c.heads = 4;
-    c.d_model = 64;
-    c.d_ff = 256;
-    c.dropout = 0.1f;
-    c.norm_first = false;  // the seed's post-norm encoder layer
-    c.steps = 1500;
-    c.batch_size = 64;
-    c.seq_len = 24;  // longest word, in bytes
-    c.schedule.kind = ScheduleKind::kCosine;
-    c.schedule.lr = 2e-3;
-    c.schedule.warmup = 100;
-    c.eval_interval = 500;
-    c.eval_windows = 2000;  // held-out words per language
-    c.log_interval = 100;
-  }
-  return c;
-}
 
 // Flags whose value may differ from the checkpoint's when resuming.
 bool changeable_on_resume(const std::string& key) {
@@ -151,6 +111,24 @@ void clear_previous_run(const std::string& dir) {
     }
   }
   if (removed) std::printf("note: %s held an earlier run; its checkpoints are replaced (use --resume to continue one)\n", dir.c_str());
+}
+
+void adopt_init_architecture(const std::string& path, TrainTask task, TrainConfig& c) {
+  const SafetensorsFile file = read_safetensors(path);
+  const std::string kind = model_kind(file);
+  if (kind.empty()) return;  // a plain state_dict: the flags say what it is
+  std::vector<std::string> labels;
+  if (task == TrainTask::kLanguageModel && kind == "CausalLM") {
+    const CausalLMConfig m = causal_lm_config_from(file);
+    std::tie(c.layers, c.heads, c.d_model, c.d_ff, c.seq_len, c.norm_first) =
+        std::tuple(m.num_layers, m.nhead, m.d_model, m.dim_feedforward, m.max_seq_len, m.norm_first);
+  } else if (task == TrainTask::kLanguageId && kind == "Classifier") {
+    const ClassifierConfig m = classifier_config_from(file, labels);
+    std::tie(c.layers, c.heads, c.d_model, c.d_ff, c.seq_len, c.norm_first) =
+        std::tuple(m.num_layers, m.nhead, m.d_model, m.dim_feedforward, m.max_seq_len, m.norm_first);
+  } else {
+    throw Error(fmt::format("{}: holds a {} model, which --task {} cannot start from", path, kind, task_name(task)));
+  }
 }
 
 TextSplit load_lm_data(const TrainConfig& c) {
@@ -293,9 +271,9 @@ void register_train(CLI::App& app) {
   o["--out"] = cmd->add_option("--out", f->out, "run directory for checkpoints (default runs/lm or runs/langid)");
   o["--init"] = cmd->add_option("--init", f->init, "safetensors file of initial weights (PyTorch names)");
   o["--resume"] = cmd->add_flag("--resume", f->resume, "continue the run saved in --out");
-  o["--steps"] = cmd->add_option("--steps", f->steps, "optimizer steps (default: lm 2000, langid 1500)");
+  o["--steps"] = cmd->add_option("--steps", f->steps, "optimizer steps (default: lm 1800, langid 1500)");
   o["--batch-size"] = cmd->add_option("--batch-size", f->batch_size, "sequences (words) per micro-batch (default: lm 16, langid 64)");
-  o["--seq-len"] = cmd->add_option("--seq-len", f->seq_len, "context length in bytes (langid: longest word; default: lm 128, langid 24)");
+  o["--seq-len"] = cmd->add_option("--seq-len", f->seq_len, "context length in bytes (langid: longest word; default: lm 64, langid 24)");
   o["--accum"] = cmd->add_option("--accum", f->accum, "micro-batches accumulated per optimizer step (default 1)");
   o["--layers"] = cmd->add_option("--layers", f->layers, "encoder layers (default: lm 4, langid 2)");
   o["--heads"] = cmd->add_option("--heads", f->heads, "attention heads (default 4)");
@@ -325,7 +303,10 @@ void register_train(CLI::App& app) {
       set_num_threads(f->threads);
     }
     const TrainTask task = parse_task(f->task);
-    TrainConfig config = apply_flags(*f, task_defaults(task));
+    TrainConfig defaults = default_train_config(task);
+    // --init with a cabm model file: its architecture is the default for the flags not given.
+    if (!f->resume && f->options.at("--init")->count() > 0) adopt_init_architecture(f->init, task, defaults);
+    TrainConfig config = apply_flags(*f, defaults);
     std::unique_ptr<LoadedCheckpoint> checkpoint;
     if (f->resume) {
       if (!has_checkpoint(config.out_dir))

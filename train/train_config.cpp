@@ -12,6 +12,47 @@ TrainTask parse_task(const std::string& name) {
   throw Error(fmt::format("unknown task '{}' (expected lm or langid)", name));
 }
 
+TrainConfig default_train_config(TrainTask task) {
+  TrainConfig c;
+  c.task = task;
+  if (task == TrainTask::kLanguageModel) {
+    c.out_dir = "runs/lm";
+    c.layers = 4;
+    c.heads = 4;
+    c.d_model = 128;
+    c.d_ff = 512;
+    c.dropout = 0.0f;
+    c.norm_first = true;
+    c.steps = 1800;
+    c.batch_size = 16;
+    c.seq_len = 64;
+    c.schedule.kind = ScheduleKind::kCosine;
+    c.schedule.lr = 2e-3;
+    c.schedule.warmup = 100;
+    c.eval_interval = 250;
+    c.eval_windows = 64;
+    c.log_interval = 50;
+  } else {
+    c.out_dir = "runs/langid";
+    c.layers = 2;
+    c.heads = 4;
+    c.d_model = 64;
+    c.d_ff = 256;
+    c.dropout = 0.1f;
+    c.norm_first = false;  // the seed's post-norm encoder layer
+    c.steps = 1500;
+    c.batch_size = 64;
+    c.seq_len = 24;  // longest word, in bytes
+    c.schedule.kind = ScheduleKind::kCosine;
+    c.schedule.lr = 2e-3;
+    c.schedule.warmup = 100;
+    c.eval_interval = 500;
+    c.eval_windows = 2000;  // held-out words per language
+    c.log_interval = 100;
+  }
+  return c;
+}
+
 nlohmann::json to_json(const TrainConfig& c) {
   return {{"task", task_name(c.task)},
           {"data", c.data},

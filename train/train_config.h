@@ -29,9 +29,9 @@ struct TrainConfig {
   bool norm_first = true;  // LM default; the classifier uses post-norm (the seed's layer)
 
   // Optimisation.
-  int64_t steps = 2000;
+  int64_t steps = 1800;
   int64_t batch_size = 16;  // sequences (LM) or words (langid) per micro-batch
-  int64_t seq_len = 128;    // LM context T; langid: longest word in bytes
+  int64_t seq_len = 64;     // LM context T; langid: longest word in bytes
   int64_t accum = 1;        // micro-batches per optimizer step
   ScheduleConfig schedule;  // lr, warmup, kind; total_steps = steps
   AdamWConfig adamw;
@@ -47,6 +47,13 @@ struct TrainConfig {
   int64_t stop_at = 0;               // > 0: stop after this step (as if interrupted)
   int64_t sample_tokens = 300;       // LM: bytes sampled at the end
 };
+
+// The `cabm train` defaults of a task (the member initialisers above are only a base):
+//   lm:     4 layers, E 128, 4 heads, F 512, pre-norm, dropout 0, 1800 steps of 16 × 64 bytes,
+//           lr 2e-3 cosine with 100 warm-up steps — about 3 minutes on 2 cores
+//   langid: 2 layers, E 64, 4 heads, F 256, post-norm, dropout 0.1, 1500 steps of 64 words
+//           of up to 24 bytes, lr 2e-3 cosine with 100 warm-up steps
+TrainConfig default_train_config(TrainTask task);
 
 std::string task_name(TrainTask task);  // "lm" | "langid"
 TrainTask parse_task(const std::string& name);
