@@ -60,8 +60,9 @@ void eval_lm(const EvalFlags& f, const LoadedCheckpoint& checkpoint) {
   const double bytes_per_char = static_cast<double>(text.size()) / static_cast<double>(count_code_points(text));
   std::printf("checkpoint %s, step %lld\n", checkpoint.dir.c_str(),
               static_cast<long long>(checkpoint.state.value("step", int64_t{0})));
-  std::printf("data: %s: %s bytes, %lld windows of %lld\n", what.c_str(), format_count(static_cast<double>(text.size())).c_str(),
-              static_cast<long long>(used), static_cast<long long>(T));
+  std::printf("data: %s: %s bytes, %lld windows of %lld\n", what.c_str(),
+              format_count(static_cast<double>(text.size())).c_str(), static_cast<long long>(used),
+              static_cast<long long>(T));
   std::printf("validation loss %.4f nats/byte | %.4f bits/byte | %.4f bits/char | perplexity %.3f per byte\n", loss,
               bits_per_byte, bits_per_byte * bytes_per_char, std::exp(loss));
 }
@@ -88,11 +89,13 @@ void eval_langid(const EvalFlags& f, const LoadedCheckpoint& checkpoint) {
 }  // namespace
 
 void register_eval(CLI::App& app) {
-  CLI::App* cmd = app.add_subcommand("eval", "Validation loss and bits per character of a checkpoint (accuracy for langid)");
+  CLI::App* cmd =
+      app.add_subcommand("eval", "Validation loss and bits per character of a checkpoint (accuracy for langid)");
   auto f = std::make_shared<EvalFlags>();
   cmd->add_option("--checkpoint", f->checkpoint, "checkpoint directory, or a run directory (its latest checkpoint)")
       ->required();
-  f->data_option = cmd->add_option("--data", f->data, "UTF-8 text file to evaluate on, whole (default: the held-out split of the training data)");
+  f->data_option = cmd->add_option(
+      "--data", f->data, "UTF-8 text file to evaluate on, whole (default: the held-out split of the training data)");
   cmd->add_option("--max-windows", f->max_windows, "evaluate at most this many windows (default: all)");
   cmd->add_option("--batch-size", f->batch_size, "windows per forward pass (default 16)");
   f->threads_option = cmd->add_option("--threads", f->threads, "threads (default: CABM_NUM_THREADS or all cores)");
@@ -105,9 +108,13 @@ void register_eval(CLI::App& app) {
     if (f->max_windows < 0) throw Error(fmt::format("--max-windows must be >= 0, got {}", f->max_windows));
     const LoadedCheckpoint checkpoint = load_checkpoint(f->checkpoint, false);
     const std::string kind = model_kind(checkpoint.model);
-    if (kind == "CausalLM") eval_lm(*f, checkpoint);
-    else if (kind == "Classifier") eval_langid(*f, checkpoint);
-    else throw Error(fmt::format("{}: not a cabm training checkpoint (metadata model = '{}')", checkpoint.model.path, kind));
+    if (kind == "CausalLM")
+      eval_lm(*f, checkpoint);
+    else if (kind == "Classifier")
+      eval_langid(*f, checkpoint);
+    else
+      throw Error(
+          fmt::format("{}: not a cabm training checkpoint (metadata model = '{}')", checkpoint.model.path, kind));
   });
 }
 

@@ -33,11 +33,13 @@ struct GenerateFlags {
 }  // namespace
 
 void register_generate(CLI::App& app) {
-  CLI::App* cmd = app.add_subcommand("generate", "Sample text from a trained causal LM checkpoint (streamed, KV cache)");
+  CLI::App* cmd =
+      app.add_subcommand("generate", "Sample text from a trained causal LM checkpoint (streamed, KV cache)");
   auto f = std::make_shared<GenerateFlags>();
   cmd->add_option("--checkpoint", f->checkpoint, "checkpoint directory, or a run directory (its latest checkpoint)")
       ->required();
-  f->prompt_option = cmd->add_option("--prompt", f->prompt, "text to continue (default: the start of a new fortune / line)");
+  f->prompt_option =
+      cmd->add_option("--prompt", f->prompt, "text to continue (default: the start of a new fortune / line)");
   cmd->add_option("--tokens", f->tokens, "bytes to generate (default 500)");
   cmd->add_option("--temperature", f->temperature, "sampling temperature; 0 = greedy (default 0.8)");
   cmd->add_option("--top-k", f->top_k, "sample among the k most likely bytes only; 0 = all (default 0)");

@@ -27,7 +27,9 @@ namespace {
 namespace fs = std::filesystem;
 
 volatile std::sig_atomic_t g_interrupted = 0;
-extern "C" void on_interrupt(int) { g_interrupted = 1; }
+extern "C" void on_interrupt(int) {
+  g_interrupted = 1;
+}
 
 // Flags whose value may differ from the checkpoint's when resuming.
 bool changeable_on_resume(const std::string& key) {
@@ -37,9 +39,9 @@ bool changeable_on_resume(const std::string& key) {
 
 struct Flags {
   std::string task = "lm", out, init, data, schedule;
-  int64_t steps = 0, batch_size = 0, seq_len = 0, layers = 0, heads = 0, d_model = 0, d_ff = 0, warmup = 0,
-          accum = 0, eval_interval = 0, eval_windows = 0, checkpoint_interval = 0, keep = 0, log_interval = 0,
-          stop_at = 0, sample_tokens = 0;
+  int64_t steps = 0, batch_size = 0, seq_len = 0, layers = 0, heads = 0, d_model = 0, d_ff = 0, warmup = 0, accum = 0,
+          eval_interval = 0, eval_windows = 0, checkpoint_interval = 0, keep = 0, log_interval = 0, stop_at = 0,
+          sample_tokens = 0;
   float dropout = 0, clip = 0;
   double lr = 0, weight_decay = 0, min_lr_ratio = 0;
   uint64_t seed = 0;
@@ -58,8 +60,7 @@ TrainConfig apply_flags(const Flags& f, TrainConfig c) {
   set_if(f, "--init", f.init, c.init);
   // Checkpoints record where the data came from; an absolute path keeps `cabm eval` working
   // from any directory.
-  if (f.options.at("--data")->count() > 0 && !f.data.empty())
-    c.data = fs::absolute(f.data).lexically_normal().string();
+  if (f.options.at("--data")->count() > 0 && !f.data.empty()) c.data = fs::absolute(f.data).lexically_normal().string();
   set_if(f, "--steps", f.steps, c.steps);
   set_if(f, "--batch-size", f.batch_size, c.batch_size);
   set_if(f, "--seq-len", f.seq_len, c.seq_len);
@@ -92,9 +93,10 @@ void check_resume_flags(const TrainConfig& saved, const TrainConfig& requested) 
   const nlohmann::json a = to_json(saved), b = to_json(requested);
   for (const auto& [key, value] : b.items()) {
     if (changeable_on_resume(key) || a.value(key, nlohmann::json()) == value) continue;
-    throw Error(fmt::format("--resume continues the saved run, whose {} is {}; it cannot become {} (drop that flag "
-                            "or start a new run with another --out)",
-                            key, a.value(key, nlohmann::json()).dump(), value.dump()));
+    throw Error(
+        fmt::format("--resume continues the saved run, whose {} is {}; it cannot become {} (drop that flag "
+                    "or start a new run with another --out)",
+                    key, a.value(key, nlohmann::json()).dump(), value.dump()));
   }
 }
 
@@ -105,12 +107,15 @@ void clear_previous_run(const std::string& dir) {
   bool removed = false;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name == kLatestFile || (entry.is_directory() && name.rfind("step-", 0) == 0) || name.rfind(".tmp-step-", 0) == 0) {
+    if (name == kLatestFile || (entry.is_directory() && name.rfind("step-", 0) == 0) ||
+        name.rfind(".tmp-step-", 0) == 0) {
       fs::remove_all(entry.path(), ec);
       removed = true;
     }
   }
-  if (removed) std::printf("note: %s held an earlier run; its checkpoints are replaced (use --resume to continue one)\n", dir.c_str());
+  if (removed)
+    std::printf("note: %s held an earlier run; its checkpoints are replaced (use --resume to continue one)\n",
+                dir.c_str());
 }
 
 void adopt_init_architecture(const std::string& path, TrainTask task, TrainConfig& c) {
@@ -135,7 +140,9 @@ TextSplit load_lm_data(const TrainConfig& c) {
   return c.data.empty() ? load_fortunes() : load_text_file(c.data);
 }
 
-std::string lm_default_prompt(const TrainConfig& c) { return c.data.empty() ? "%\n" : "\n"; }
+std::string lm_default_prompt(const TrainConfig& c) {
+  return c.data.empty() ? "%\n" : "\n";
+}
 
 bool should_eval(const TrainConfig& c, int64_t step) {
   return step == c.steps || (c.eval_interval > 0 && step % c.eval_interval == 0);
@@ -154,15 +161,17 @@ int64_t count_parameters(const NamedTensors& params) {
 void print_header(const TrainConfig& c, int64_t params, const std::string& data_line) {
   std::printf("cabm train --task %s: %lld layers, d_model %lld, %lld heads, d_ff %lld: %s parameters\n",
               task_name(c.task).c_str(), static_cast<long long>(c.layers), static_cast<long long>(c.d_model),
-              static_cast<long long>(c.heads), static_cast<long long>(c.d_ff), format_count(static_cast<double>(params)).c_str());
+              static_cast<long long>(c.heads), static_cast<long long>(c.d_ff),
+              format_count(static_cast<double>(params)).c_str());
   std::printf("%s\n", data_line.c_str());
-  std::printf("steps %lld, batch %lld x %lld%s, lr %g (%s, warmup %lld), clip %g, weight decay %g, dropout %g, "
-              "seed %llu, %d threads -> %s\n",
-              static_cast<long long>(c.steps), static_cast<long long>(c.batch_size), static_cast<long long>(c.seq_len),
-              c.accum > 1 ? fmt::format(" x {} micro-batches", c.accum).c_str() : "", c.schedule.lr,
-              schedule_name(c.schedule.kind).c_str(), static_cast<long long>(c.schedule.warmup),
-              static_cast<double>(c.clip), c.adamw.weight_decay, static_cast<double>(c.dropout),
-              static_cast<unsigned long long>(c.seed), num_threads(), c.out_dir.c_str());
+  std::printf(
+      "steps %lld, batch %lld x %lld%s, lr %g (%s, warmup %lld), clip %g, weight decay %g, dropout %g, "
+      "seed %llu, %d threads -> %s\n",
+      static_cast<long long>(c.steps), static_cast<long long>(c.batch_size), static_cast<long long>(c.seq_len),
+      c.accum > 1 ? fmt::format(" x {} micro-batches", c.accum).c_str() : "", c.schedule.lr,
+      schedule_name(c.schedule.kind).c_str(), static_cast<long long>(c.schedule.warmup), static_cast<double>(c.clip),
+      c.adamw.weight_decay, static_cast<double>(c.dropout), static_cast<unsigned long long>(c.seed), num_threads(),
+      c.out_dir.c_str());
   std::fflush(stdout);
 }
 
@@ -184,9 +193,10 @@ bool run_loop(Trainer& trainer, const TrainConfig& c, EvalFn&& eval_and_report) 
     if (stop) {
       progress.finish();
       if (g_interrupted)
-        throw Error(fmt::format("interrupted at step {} of {}; checkpoint saved, continue with: cabm train --resume "
-                                "--out {}",
-                                s.step, c.steps, c.out_dir));
+        throw Error(
+            fmt::format("interrupted at step {} of {}; checkpoint saved, continue with: cabm train --resume "
+                        "--out {}",
+                        s.step, c.steps, c.out_dir));
       std::printf("stopped at step %lld of %lld (--stop-at); continue with: cabm train --resume --out %s\n",
                   static_cast<long long>(s.step), static_cast<long long>(c.steps), c.out_dir.c_str());
       return false;
@@ -209,7 +219,8 @@ void train_lm(const TrainConfig& c, const LoadedCheckpoint* resume_from) {
   LmTrainer trainer(c, std::move(data));
   if (resume_from) trainer.restore(*resume_from);
   print_header(c, count_parameters(trainer.parameters()), data_line);
-  if (resume_from) std::printf("resuming from %s at step %lld\n", resume_from->dir.c_str(), static_cast<long long>(trainer.step()));
+  if (resume_from)
+    std::printf("resuming from %s at step %lld\n", resume_from->dir.c_str(), static_cast<long long>(trainer.step()));
 
   const bool finished = run_loop(trainer, c, [&](Progress& progress, int64_t step) {
     const double val = trainer.evaluate();
@@ -247,12 +258,14 @@ void train_langid(const TrainConfig& c, const LoadedCheckpoint* resume_from) {
   int64_t params = 0;
   for (const auto& p : named_parameters(trainer.model())) params += p.tensor.numel();
   print_header(c, params, data_line);
-  if (resume_from) std::printf("resuming from %s at step %lld\n", resume_from->dir.c_str(), static_cast<long long>(trainer.step()));
+  if (resume_from)
+    std::printf("resuming from %s at step %lld\n", resume_from->dir.c_str(), static_cast<long long>(trainer.step()));
 
   ClassifierEval last;
   const bool finished = run_loop(trainer, c, [&](Progress& progress, int64_t step) {
     last = trainer.evaluate();
-    progress.line(fmt::format("step {}: validation loss {:.4f}, accuracy {:.2f}%", step, last.loss, 100.0 * last.accuracy));
+    progress.line(
+        fmt::format("step {}: validation loss {:.4f}, accuracy {:.2f}%", step, last.loss, 100.0 * last.accuracy));
     return nlohmann::json{{"val_loss", last.loss}, {"val_accuracy", last.accuracy}};
   });
   if (!finished) return;
@@ -262,40 +275,60 @@ void train_langid(const TrainConfig& c, const LoadedCheckpoint* resume_from) {
 }  // namespace
 
 void register_train(CLI::App& app) {
-  CLI::App* cmd = app.add_subcommand("train", "Train a model: a character-level causal LM (default) or a word "
-                                              "language identifier (--task langid)");
+  CLI::App* cmd = app.add_subcommand("train",
+                                     "Train a model: a character-level causal LM (default) or a word "
+                                     "language identifier (--task langid)");
   auto f = std::make_shared<Flags>();
   auto& o = f->options;
-  o["--task"] = cmd->add_option("--task", f->task, "lm (default): causal LM on text; langid: classify words by language");
-  o["--data"] = cmd->add_option("--data", f->data, "UTF-8 text file to train on (default: the fortunes corpus in /usr/share/games/fortunes)");
+  o["--task"] =
+      cmd->add_option("--task", f->task, "lm (default): causal LM on text; langid: classify words by language");
+  o["--data"] = cmd->add_option(
+      "--data", f->data, "UTF-8 text file to train on (default: the fortunes corpus in /usr/share/games/fortunes)");
   o["--out"] = cmd->add_option("--out", f->out, "run directory for checkpoints (default runs/lm or runs/langid)");
   o["--init"] = cmd->add_option("--init", f->init, "safetensors file of initial weights (PyTorch names)");
   o["--resume"] = cmd->add_flag("--resume", f->resume, "continue the run saved in --out");
   o["--steps"] = cmd->add_option("--steps", f->steps, "optimizer steps (default: lm 1800, langid 1500)");
-  o["--batch-size"] = cmd->add_option("--batch-size", f->batch_size, "sequences (words) per micro-batch (default: lm 16, langid 64)");
-  o["--seq-len"] = cmd->add_option("--seq-len", f->seq_len, "context length in bytes (langid: longest word; default: lm 64, langid 24)");
+  o["--batch-size"] =
+      cmd->add_option("--batch-size", f->batch_size, "sequences (words) per micro-batch (default: lm 16, langid 64)");
+  o["--seq-len"] = cmd->add_option("--seq-len", f->seq_len,
+                                   "context length in bytes (langid: longest word; default: lm 64, langid 24)");
   o["--accum"] = cmd->add_option("--accum", f->accum, "micro-batches accumulated per optimizer step (default 1)");
   o["--layers"] = cmd->add_option("--layers", f->layers, "encoder layers (default: lm 4, langid 2)");
   o["--heads"] = cmd->add_option("--heads", f->heads, "attention heads (default 4)");
   o["--d-model"] = cmd->add_option("--d-model", f->d_model, "model width E (default: lm 128, langid 64)");
   o["--d-ff"] = cmd->add_option("--d-ff", f->d_ff, "feed-forward width F (default: lm 512, langid 256)");
   o["--dropout"] = cmd->add_option("--dropout", f->dropout, "dropout probability (default: lm 0, langid 0.1)");
-  o["--post-norm"] = cmd->add_flag("--post-norm,!--pre-norm", f->post_norm, "post-norm layers (the seed's; langid default) instead of pre-norm (lm default)");
-  o["--lr"] = cmd->add_option("--lr", f->lr, "peak learning rate (default 2e-3); for --schedule warmup the scale is lr*sqrt(E*warmup)");
-  o["--schedule"] = cmd->add_option("--schedule", f->schedule, "cosine (default: linear warm-up, cosine decay to 0.1 lr), warmup (the seed's E^-0.5 min(t^-0.5, t warmup^-1.5)), constant");
+  o["--post-norm"] = cmd->add_flag("--post-norm,!--pre-norm", f->post_norm,
+                                   "post-norm layers (the seed's; langid default) instead of pre-norm (lm default)");
+  o["--lr"] = cmd->add_option(
+      "--lr", f->lr, "peak learning rate (default 2e-3); for --schedule warmup the scale is lr*sqrt(E*warmup)");
+  o["--schedule"] = cmd->add_option("--schedule", f->schedule,
+                                    "cosine (default: linear warm-up, cosine decay to 0.1 lr), warmup (the seed's "
+                                    "E^-0.5 min(t^-0.5, t warmup^-1.5)), constant");
   o["--warmup"] = cmd->add_option("--warmup", f->warmup, "warm-up steps (default 100)");
-  o["--min-lr-ratio"] = cmd->add_option("--min-lr-ratio", f->min_lr_ratio, "cosine: final lr as a fraction of --lr (default 0.1)");
-  o["--weight-decay"] = cmd->add_option("--weight-decay", f->weight_decay, "AdamW decoupled weight decay on matrices (default 0.01)");
+  o["--min-lr-ratio"] =
+      cmd->add_option("--min-lr-ratio", f->min_lr_ratio, "cosine: final lr as a fraction of --lr (default 0.1)");
+  o["--weight-decay"] =
+      cmd->add_option("--weight-decay", f->weight_decay, "AdamW decoupled weight decay on matrices (default 0.01)");
   o["--clip"] = cmd->add_option("--clip", f->clip, "max global gradient norm, 0 disables (default 1.0)");
-  o["--seed"] = cmd->add_option("--seed", f->seed, "seed for initialisation, data order, dropout and the final sample (default 1337)");
+  o["--seed"] = cmd->add_option("--seed", f->seed,
+                                "seed for initialisation, data order, dropout and the final sample (default 1337)");
   o["--threads"] = cmd->add_option("--threads", f->threads, "threads (default: CABM_NUM_THREADS or all cores)");
-  o["--eval-interval"] = cmd->add_option("--eval-interval", f->eval_interval, "steps between validations and checkpoints (default: lm 250, langid 500; 0: at the end)");
-  o["--eval-windows"] = cmd->add_option("--eval-windows", f->eval_windows, "lm: validation windows of --seq-len bytes (default 64); langid: held-out words per language (default 2000)");
-  o["--checkpoint-interval"] = cmd->add_option("--checkpoint-interval", f->checkpoint_interval, "steps between checkpoints (default: --eval-interval)");
+  o["--eval-interval"] =
+      cmd->add_option("--eval-interval", f->eval_interval,
+                      "steps between validations and checkpoints (default: lm 250, langid 500; 0: at the end)");
+  o["--eval-windows"] = cmd->add_option(
+      "--eval-windows", f->eval_windows,
+      "lm: validation windows of --seq-len bytes (default 64); langid: held-out words per language (default 2000)");
+  o["--checkpoint-interval"] = cmd->add_option("--checkpoint-interval", f->checkpoint_interval,
+                                               "steps between checkpoints (default: --eval-interval)");
   o["--keep"] = cmd->add_option("--keep", f->keep, "checkpoints kept in --out (default 2)");
-  o["--log-interval"] = cmd->add_option("--log-interval", f->log_interval, "steps between log lines when not on a terminal (default: lm 50, langid 100)");
-  o["--stop-at"] = cmd->add_option("--stop-at", f->stop_at, "stop with a checkpoint after this step, as if interrupted (--resume continues)");
-  o["--sample-tokens"] = cmd->add_option("--sample-tokens", f->sample_tokens, "lm: bytes of text sampled at the end (default 300; 0: none)");
+  o["--log-interval"] = cmd->add_option("--log-interval", f->log_interval,
+                                        "steps between log lines when not on a terminal (default: lm 50, langid 100)");
+  o["--stop-at"] = cmd->add_option("--stop-at", f->stop_at,
+                                   "stop with a checkpoint after this step, as if interrupted (--resume continues)");
+  o["--sample-tokens"] = cmd->add_option("--sample-tokens", f->sample_tokens,
+                                         "lm: bytes of text sampled at the end (default 300; 0: none)");
 
   cmd->callback([f] {
     if (f->options.at("--threads")->count() > 0) {

@@ -31,7 +31,9 @@ std::string format_count(double n) {
   return out;
 }
 
-bool Progress::stderr_is_terminal() { return ::isatty(STDERR_FILENO) != 0; }
+bool Progress::stderr_is_terminal() {
+  return ::isatty(STDERR_FILENO) != 0;
+}
 
 Progress::Progress(int64_t total_steps, int64_t first_step, bool live, int64_t log_interval)
     : total_(total_steps),
@@ -42,7 +44,9 @@ Progress::Progress(int64_t total_steps, int64_t first_step, bool live, int64_t l
       start_(std::chrono::steady_clock::now()),
       last_draw_(start_) {}
 
-Progress::~Progress() { finish(); }
+Progress::~Progress() {
+  finish();
+}
 
 double Progress::elapsed_seconds() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
@@ -117,7 +121,9 @@ void Progress::line(const std::string& text) {
   if (redraw && live_) draw();
 }
 
-void Progress::finish() { clear(); }
+void Progress::finish() {
+  clear();
+}
 
 void stream_generate(const CausalLM& model, const std::vector<int64_t>& prompt, int64_t count,
                      const SamplingOptions& options, Rng& rng) {
@@ -137,7 +143,8 @@ void stream_generate(const CausalLM& model, const std::vector<int64_t>& prompt, 
   std::fflush(stdout);
 }
 
-std::string format_confusion(const std::vector<std::string>& labels, const std::vector<std::vector<int64_t>>& confusion) {
+std::string format_confusion(const std::vector<std::string>& labels,
+                             const std::vector<std::vector<int64_t>>& confusion) {
   size_t width = 9;
   for (const auto& l : labels) width = std::max(width, l.size() + 1);
   std::string out = fmt::format("confusion matrix (rows: true language, columns: predicted)\n{:<{}}", "", width);

@@ -20,8 +20,8 @@ struct ProgressUpdate {
   double loss = 0;
   double lr = 0;
   float grad_norm = 0;
-  int64_t tokens = 0;   // processed by this step
-  double seconds = 0;   // this step's wall time
+  int64_t tokens = 0;  // processed by this step
+  double seconds = 0;  // this step's wall time
 };
 
 class Progress {
@@ -68,7 +68,8 @@ void stream_generate(const CausalLM& model, const std::vector<int64_t>& prompt, 
 
 // A confusion matrix as an aligned text table (rows: true class, columns: predicted), with
 // per-class recall.
-std::string format_confusion(const std::vector<std::string>& labels, const std::vector<std::vector<int64_t>>& confusion);
+std::string format_confusion(const std::vector<std::string>& labels,
+                             const std::vector<std::vector<int64_t>>& confusion);
 
 std::string format_duration(double seconds);  // "1h02m", "3m07s", "42s"
 std::string format_count(double n);           // "12,345"

@@ -90,7 +90,9 @@ std::vector<std::string> parse_fortunes(std::string_view text) {
 
 std::vector<std::string> read_fortune_entries(const std::string& dir) {
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) throw Error(fmt::format("{}: no such directory (the fortunes corpus; install the 'fortunes' package or pass --data FILE)", dir));
+  if (!fs::is_directory(dir, ec))
+    throw Error(fmt::format(
+        "{}: no such directory (the fortunes corpus; install the 'fortunes' package or pass --data FILE)", dir));
   std::vector<fs::path> files;
   for (const auto& item : fs::directory_iterator(dir, ec)) {
     // Plain files only: skips the .u8 symlinks (duplicates), off/ and other directories.
@@ -189,8 +191,8 @@ std::vector<int64_t> evaluation_offsets(std::string_view text, int64_t T, int64_
   return offsets;
 }
 
-void gather_windows(std::string_view text, const std::vector<int64_t>& offsets, int64_t first, int64_t count,
-                    int64_t T, int64_t* inputs, int64_t* targets) {
+void gather_windows(std::string_view text, const std::vector<int64_t>& offsets, int64_t first, int64_t count, int64_t T,
+                    int64_t* inputs, int64_t* targets) {
   for (int64_t b = 0; b < count; ++b) {
     const int64_t o = offsets[static_cast<size_t>(first + b)];
     for (int64_t t = 0; t < T; ++t) {

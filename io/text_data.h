@@ -26,10 +26,10 @@ namespace cabm {
 inline constexpr const char* kFortunesDir = "/usr/share/games/fortunes";
 
 struct TextSplit {
-  std::string source;      // directory or file it came from
-  std::string train;       // UTF-8 bytes
-  std::string validation;  // UTF-8 bytes
-  int64_t train_documents = 0;       // fortunes: entries; files: 1
+  std::string source;           // directory or file it came from
+  std::string train;            // UTF-8 bytes
+  std::string validation;       // UTF-8 bytes
+  int64_t train_documents = 0;  // fortunes: entries; files: 1
   int64_t validation_documents = 0;
 };
 
@@ -63,7 +63,7 @@ void sample_windows(std::string_view text, int64_t B, int64_t T, Rng& rng, int64
 std::vector<int64_t> evaluation_offsets(std::string_view text, int64_t T, int64_t max_windows);
 
 // inputs/targets [count, T] for the windows at offsets[first, first + count).
-void gather_windows(std::string_view text, const std::vector<int64_t>& offsets, int64_t first, int64_t count,
-                    int64_t T, int64_t* inputs, int64_t* targets);
+void gather_windows(std::string_view text, const std::vector<int64_t>& offsets, int64_t first, int64_t count, int64_t T,
+                    int64_t* inputs, int64_t* targets);
 
 }  // namespace cabm

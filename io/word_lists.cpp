@@ -46,8 +46,10 @@ std::string lowercase_word(std::string_view word) {
       ++i;
     } else if ((b0 & 0xE0) == 0xC0 && i + 1 < word.size()) {
       uint32_t cp = ((b0 & 0x1Fu) << 6) | (static_cast<uint8_t>(word[i + 1]) & 0x3Fu);
-      if (cp >= 0xC0 && cp <= 0xDE && cp != 0xD7) cp += 0x20;                  // Latin-1 capitals
-      else if (cp == 0x178) cp = 0xFF;                                           // Ÿ → ÿ
+      if (cp >= 0xC0 && cp <= 0xDE && cp != 0xD7)
+        cp += 0x20;  // Latin-1 capitals
+      else if (cp == 0x178)
+        cp = 0xFF;  // Ÿ → ÿ
       else if (cp >= 0x100 && cp <= 0x17F && cp != 0x130 && cp != 0x138 && cp != 0x149 && cp != 0x17F) {
         // Latin Extended-A alternates capital/small; the parity flips after U+0138 and U+0149.
         const bool odd_capital = (cp >= 0x139 && cp <= 0x148) || (cp >= 0x179 && cp <= 0x17E);
@@ -96,7 +98,8 @@ WordDataset load_word_lists(const std::vector<WordListSource>& sources, const Wo
       bits |= 1u << c;
       ++kept;
     }
-    if (kept == 0) throw Error(fmt::format("{}: no usable words in the {} word list", sources[c].path, sources[c].language));
+    if (kept == 0)
+      throw Error(fmt::format("{}: no usable words in the {} word list", sources[c].path, sources[c].language));
   }
   data.train.resize(L);
   data.validation.resize(L);

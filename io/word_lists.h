@@ -40,10 +40,10 @@ struct WordListOptions {
 };
 
 struct WordDataset {
-  std::vector<std::string> languages;               // class names; class c = index
-  std::vector<std::vector<std::string>> train;      // [class][word]
-  std::vector<std::vector<std::string>> validation; // [class][word], balanced
-  int64_t dropped_shared = 0;      // words in several lists
+  std::vector<std::string> languages;                // class names; class c = index
+  std::vector<std::vector<std::string>> train;       // [class][word]
+  std::vector<std::vector<std::string>> validation;  // [class][word], balanced
+  int64_t dropped_shared = 0;                        // words in several lists
   int64_t dropped_apostrophe = 0;
   int64_t dropped_long = 0;
 };

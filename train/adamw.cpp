@@ -51,10 +51,9 @@ void adamw_step(AdamW& opt, const NamedTensors& params, const NamedTensors& grad
     CABM_CHECK(params[i].name == opt.names[i] && grads[i].name == opt.names[i],
                "AdamW: parameter {} is '{}' (gradient '{}'), expected '{}'", i, params[i].name, grads[i].name,
                opt.names[i]);
-    CABM_CHECK(p.shape() == opt.exp_avg[i].shape() && g.shape() == p.shape() && p.is_contiguous() &&
-                   g.is_contiguous(),
-               "AdamW: '{}' has shape {} and gradient {}, expected contiguous {}", opt.names[i],
-               shape_str(p.shape()), shape_str(g.shape()), shape_str(opt.exp_avg[i].shape()));
+    CABM_CHECK(p.shape() == opt.exp_avg[i].shape() && g.shape() == p.shape() && p.is_contiguous() && g.is_contiguous(),
+               "AdamW: '{}' has shape {} and gradient {}, expected contiguous {}", opt.names[i], shape_str(p.shape()),
+               shape_str(g.shape()), shape_str(opt.exp_avg[i].shape()));
     const float decay = static_cast<float>(1.0 - lr * opt.weight_decay[i]);
     float* pp = p.data<float>();
     const float* gp = g.data<float>();

@@ -20,7 +20,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string errno_str() { return std::strerror(errno); }
+std::string errno_str() {
+  return std::strerror(errno);
+}
 
 void fsync_path(const std::string& path, bool directory) {
   const int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
@@ -30,7 +32,9 @@ void fsync_path(const std::string& path, bool directory) {
   if (rc != 0) throw Error(fmt::format("{}: cannot flush to disk: {}", path, errno_str()));
 }
 
-std::string step_name(int64_t step) { return fmt::format("step-{:08d}", step); }
+std::string step_name(int64_t step) {
+  return fmt::format("step-{:08d}", step);
+}
 
 bool is_step_name(const std::string& name) {
   if (name.size() != 13 || name.compare(0, 5, "step-") != 0) return false;
@@ -82,17 +86,15 @@ std::map<std::string, Tensor> adamw_state_tensors(const AdamW& opt) {
 
 std::map<std::string, std::string> adamw_state_metadata(const AdamW& opt) {
   const auto num = [](double v) { return fmt::format("{}", v); };  // shortest round-trip form
-  return {{"optimizer", "AdamW"},
-          {"step", std::to_string(opt.step)},
-          {"beta1", num(opt.config.beta1)},
-          {"beta2", num(opt.config.beta2)},
-          {"eps", num(opt.config.eps)},
-          {"weight_decay", num(opt.config.weight_decay)}};
+  return {{"optimizer", "AdamW"},           {"step", std::to_string(opt.step)},
+          {"beta1", num(opt.config.beta1)}, {"beta2", num(opt.config.beta2)},
+          {"eps", num(opt.config.eps)},     {"weight_decay", num(opt.config.weight_decay)}};
 }
 
 void load_adamw_state(const SafetensorsFile& file, AdamW& opt) {
   const std::string* kind = file.find_metadata("optimizer");
-  if (kind == nullptr || *kind != "AdamW") throw Error(fmt::format("{}: not an AdamW state (metadata 'optimizer')", file.path));
+  if (kind == nullptr || *kind != "AdamW")
+    throw Error(fmt::format("{}: not an AdamW state (metadata 'optimizer')", file.path));
   const std::string& step_text = file.get_metadata("step");
   char* end = nullptr;
   const long long step = std::strtoll(step_text.c_str(), &end, 10);

@@ -37,10 +37,10 @@ inline constexpr const char* kLatestFile = "latest";
 
 struct CheckpointWrite {
   int64_t step = 0;
-  const NamedTensors* params = nullptr;                 // the model's parameters
-  std::map<std::string, std::string> model_metadata;    // the model's configuration
-  const AdamW* optimizer = nullptr;                     // optional
-  nlohmann::json state = nlohmann::json::object();      // training state (JSON object)
+  const NamedTensors* params = nullptr;               // the model's parameters
+  std::map<std::string, std::string> model_metadata;  // the model's configuration
+  const AdamW* optimizer = nullptr;                   // optional
+  nlohmann::json state = nlohmann::json::object();    // training state (JSON object)
 };
 
 // Writes checkpoint step-<step> into run_dir (created if missing) as described above and

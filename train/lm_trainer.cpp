@@ -14,7 +14,9 @@
 
 namespace cabm {
 
-uint64_t data_seed(uint64_t seed) { return splitmix64(seed ^ 0xDA7A5EEDull); }
+uint64_t data_seed(uint64_t seed) {
+  return splitmix64(seed ^ 0xDA7A5EEDull);
+}
 
 CausalLMConfig lm_model_config(const TrainConfig& c) {
   CausalLMConfig m;
@@ -37,12 +39,13 @@ LmTrainer::LmTrainer(const TrainConfig& config, TextSplit data)
   validate(config_);
   const int64_t T = config_.seq_len;
   if (static_cast<int64_t>(data_.train.size()) < T + 1)
-    throw Error(fmt::format("{}: training text has {} bytes, fewer than one window of --seq-len {} + 1",
-                            data_.source, data_.train.size(), T));
+    throw Error(fmt::format("{}: training text has {} bytes, fewer than one window of --seq-len {} + 1", data_.source,
+                            data_.train.size(), T));
   if (static_cast<int64_t>(data_.validation.size()) < T + 1)
-    throw Error(fmt::format("{}: held-out text has {} bytes, fewer than one window of --seq-len {} + 1 (use a "
-                            "larger file or a smaller --seq-len)",
-                            data_.source, data_.validation.size(), T));
+    throw Error(
+        fmt::format("{}: held-out text has {} bytes, fewer than one window of --seq-len {} + 1 (use a "
+                    "larger file or a smaller --seq-len)",
+                    data_.source, data_.validation.size(), T));
   const CausalLMConfig mc = lm_model_config(config_);
   model_ = make_causal_lm(mc);
   grad_model_ = make_causal_lm(mc);
@@ -152,17 +155,17 @@ std::string LmTrainer::save(const nlohmann::json& metrics) {
   w.params = &params_;
   w.model_metadata = causal_lm_metadata(model_.config);
   w.optimizer = &opt_;
-  w.state = {{"format", 1},
-             {"task", task_name(config_.task)},
-             {"step", opt_.step},
-             {"seed", config_.seed},
-             {"data_rng", {{"seed", data_rng_.seed()}, {"position", data_rng_.position()}}},
-             {"data", {{"source", data_.source},
-                       {"train_bytes", data_.train.size()},
-                       {"validation_bytes", data_.validation.size()}}},
-             {"tokenizer", "bytes"},
-             {"config", to_json(config_)},
-             {"metrics", metrics.is_null() ? nlohmann::json::object() : metrics}};
+  w.state = {
+      {"format", 1},
+      {"task", task_name(config_.task)},
+      {"step", opt_.step},
+      {"seed", config_.seed},
+      {"data_rng", {{"seed", data_rng_.seed()}, {"position", data_rng_.position()}}},
+      {"data",
+       {{"source", data_.source}, {"train_bytes", data_.train.size()}, {"validation_bytes", data_.validation.size()}}},
+      {"tokenizer", "bytes"},
+      {"config", to_json(config_)},
+      {"metrics", metrics.is_null() ? nlohmann::json::object() : metrics}};
   return save_checkpoint(config_.out_dir, w, config_.keep_checkpoints);
 }
 

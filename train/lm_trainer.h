@@ -23,12 +23,12 @@
 namespace cabm {
 
 struct StepStats {
-  int64_t step = 0;         // the optimizer step just taken
-  double loss = 0;          // mean training loss over its micro-batches (nats per token)
+  int64_t step = 0;  // the optimizer step just taken
+  double loss = 0;   // mean training loss over its micro-batches (nats per token)
   double lr = 0;
-  float grad_norm = 0;      // before clipping
-  int64_t tokens = 0;       // tokens processed by this step
-  double seconds = 0;       // wall time of this step
+  float grad_norm = 0;  // before clipping
+  int64_t tokens = 0;   // tokens processed by this step
+  double seconds = 0;   // wall time of this step
 };
 
 // The model's configuration for a training configuration (bytes: V = 256, T_max = seq_len).

@@ -8,7 +8,9 @@
 
 namespace cabm {
 
-std::string activation_name(Activation activation) { return activation == Activation::kGelu ? "gelu" : "relu"; }
+std::string activation_name(Activation activation) {
+  return activation == Activation::kGelu ? "gelu" : "relu";
+}
 
 Activation parse_activation(const std::string& name) {
   if (name == "relu") return Activation::kRelu;
@@ -18,8 +20,12 @@ Activation parse_activation(const std::string& name) {
 
 namespace {
 
-std::string bool_str(bool b) { return b ? "true" : "false"; }
-std::string float_str(float f) { return fmt::format("{}", f); }  // shortest round-trip
+std::string bool_str(bool b) {
+  return b ? "true" : "false";
+}
+std::string float_str(float f) {
+  return fmt::format("{}", f);
+}  // shortest round-trip
 
 Metadata encoder_metadata(int64_t V, int64_t T, int64_t E, int64_t H, int64_t L, int64_t F, float dropout,
                           Activation act, bool norm_first, float eps, PositionalKind positional) {
@@ -47,7 +53,8 @@ int64_t get_int(const SafetensorsFile& f, const std::string& key) {
   const std::string& s = need(f, key);
   char* end = nullptr;
   const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0' || v < 0) throw Error(fmt::format("{}: metadata '{}' is not a count: '{}'", f.path, key, s));
+  if (s.empty() || *end != '\0' || v < 0)
+    throw Error(fmt::format("{}: metadata '{}' is not a count: '{}'", f.path, key, s));
   return v;
 }
 
@@ -155,8 +162,8 @@ ClassifierConfig classifier_config_from(const SafetensorsFile& f, std::vector<st
     pos = comma + 1;
   }
   if (static_cast<int64_t>(labels.size()) != c.num_classes)
-    throw Error(fmt::format("{}: metadata 'labels' names {} classes, num_classes is {}", f.path, labels.size(),
-                            c.num_classes));
+    throw Error(
+        fmt::format("{}: metadata 'labels' names {} classes, num_classes is {}", f.path, labels.size(), c.num_classes));
   return c;
 }
 

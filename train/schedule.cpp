@@ -17,9 +17,12 @@ ScheduleKind parse_schedule(const std::string& name) {
 
 std::string schedule_name(ScheduleKind kind) {
   switch (kind) {
-    case ScheduleKind::kConstant: return "constant";
-    case ScheduleKind::kWarmup: return "warmup";
-    case ScheduleKind::kCosine: return "cosine";
+    case ScheduleKind::kConstant:
+      return "constant";
+    case ScheduleKind::kWarmup:
+      return "warmup";
+    case ScheduleKind::kCosine:
+      return "cosine";
   }
   return "?";
 }
@@ -34,7 +37,8 @@ double learning_rate(const ScheduleConfig& config, int64_t step) {
   CABM_CHECK(config.warmup >= 0, "warmup must be >= 0, got {}", config.warmup);
   const double t = static_cast<double>(step);
   switch (config.kind) {
-    case ScheduleKind::kConstant: return config.lr;
+    case ScheduleKind::kConstant:
+      return config.lr;
     case ScheduleKind::kWarmup: {
       CABM_CHECK(config.d_model > 0 && config.warmup > 0, "the warmup schedule needs d_model > 0 and warmup > 0");
       const double w = static_cast<double>(config.warmup);
@@ -46,7 +50,8 @@ double learning_rate(const ScheduleConfig& config, int64_t step) {
       const double min_lr = config.lr * config.min_lr_ratio;
       const int64_t decay_steps = config.total_steps - config.warmup;
       if (decay_steps <= 0) return config.lr;
-      const double progress = std::min(1.0, (t - static_cast<double>(config.warmup)) / static_cast<double>(decay_steps));
+      const double progress =
+          std::min(1.0, (t - static_cast<double>(config.warmup)) / static_cast<double>(decay_steps));
       return min_lr + 0.5 * (config.lr - min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
     }
   }

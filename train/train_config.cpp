@@ -4,7 +4,9 @@
 
 namespace cabm {
 
-std::string task_name(TrainTask task) { return task == TrainTask::kLanguageModel ? "lm" : "langid"; }
+std::string task_name(TrainTask task) {
+  return task == TrainTask::kLanguageModel ? "lm" : "langid";
+}
 
 TrainTask parse_task(const std::string& name) {
   if (name == "lm") return TrainTask::kLanguageModel;
@@ -147,7 +149,8 @@ void validate(const TrainConfig& c) {
   positive(c.keep_checkpoints, "--keep");
   if (c.d_model % c.heads != 0)
     throw Error(fmt::format("--d-model ({}) must be divisible by --heads ({})", c.d_model, c.heads));
-  if (!(c.dropout >= 0.0f && c.dropout < 1.0f)) throw Error(fmt::format("--dropout must lie in [0, 1), got {}", c.dropout));
+  if (!(c.dropout >= 0.0f && c.dropout < 1.0f))
+    throw Error(fmt::format("--dropout must lie in [0, 1), got {}", c.dropout));
   if (!(c.schedule.lr > 0.0)) throw Error(fmt::format("--lr must be positive, got {}", c.schedule.lr));
   if (c.schedule.warmup < 0) throw Error(fmt::format("--warmup must be >= 0, got {}", c.schedule.warmup));
   if (c.schedule.kind == ScheduleKind::kWarmup && c.schedule.warmup == 0)

@@ -16,8 +16,8 @@ enum class TrainTask { kLanguageModel, kLanguageId };
 
 struct TrainConfig {
   TrainTask task = TrainTask::kLanguageModel;
-  std::string data;       // LM: a UTF-8 file; "" = the fortunes corpus
-  std::string init;       // safetensors to start from ("" = random init from seed)
+  std::string data;  // LM: a UTF-8 file; "" = the fortunes corpus
+  std::string init;  // safetensors to start from ("" = random init from seed)
   std::string out_dir = "runs/lm";
 
   // Model.
@@ -35,17 +35,17 @@ struct TrainConfig {
   int64_t accum = 1;        // micro-batches per optimizer step
   ScheduleConfig schedule;  // lr, warmup, kind; total_steps = steps
   AdamWConfig adamw;
-  float clip = 1.0f;        // max global gradient norm; <= 0 disables
+  float clip = 1.0f;  // max global gradient norm; <= 0 disables
   uint64_t seed = 1337;
 
   // Bookkeeping.
-  int64_t eval_interval = 250;       // steps between validations (0: only at the end)
-  int64_t eval_windows = 64;         // LM validation windows of seq_len (langid: words per language)
-  int64_t checkpoint_interval = 0;   // 0: same as eval_interval
+  int64_t eval_interval = 250;      // steps between validations (0: only at the end)
+  int64_t eval_windows = 64;        // LM validation windows of seq_len (langid: words per language)
+  int64_t checkpoint_interval = 0;  // 0: same as eval_interval
   int64_t keep_checkpoints = 2;
-  int64_t log_interval = 50;         // log lines when stdout is not a terminal
-  int64_t stop_at = 0;               // > 0: stop after this step (as if interrupted)
-  int64_t sample_tokens = 300;       // LM: bytes sampled at the end
+  int64_t log_interval = 50;    // log lines when stdout is not a terminal
+  int64_t stop_at = 0;          // > 0: stop after this step (as if interrupted)
+  int64_t sample_tokens = 300;  // LM: bytes sampled at the end
 };
 
 // The `cabm train` defaults of a task (the member initialisers above are only a base):

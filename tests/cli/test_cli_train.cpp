@@ -28,8 +28,8 @@ std::string slurp(const std::string& path) {
 
 CmdResult cabm(const std::string& args) {
   const std::string dir = test::temp_dir();
-  const std::string cmd = "CABM_NUM_THREADS=2 " + test::cabm_binary() + " " + args + " >" + dir + "/stdout 2>" + dir +
-                          "/stderr </dev/null";
+  const std::string cmd =
+      "CABM_NUM_THREADS=2 " + test::cabm_binary() + " " + args + " >" + dir + "/stdout 2>" + dir + "/stderr </dev/null";
   const int raw = std::system(cmd.c_str());
   CmdResult r;
   r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
@@ -62,7 +62,7 @@ const std::string kTiny =
 TEST(CliTrain, TrainGenerateEvalResume) {
   const std::string out = test::temp_dir() + "/run";
   const CmdResult train = cabm("train --data " + data_file() + " --out " + out + kTiny +
-                         " --steps 6 --eval-interval 3 --log-interval 1 --sample-tokens 20");
+                               " --steps 6 --eval-interval 3 --log-interval 1 --sample-tokens 20");
   ASSERT_EQ(train.status, 0) << train.out << train.err;
   EXPECT_NE(train.out.find("step 3: validation loss"), std::string::npos) << train.out;
   EXPECT_NE(train.out.find("step 6/6 | loss"), std::string::npos) << train.out;  // log lines: not a terminal
@@ -89,7 +89,8 @@ TEST(CliTrain, TrainGenerateEvalResume) {
 
   // --stop-at then --resume reproduces the straight run's logged losses.
   const std::string straight = test::temp_dir() + "/straight", split = test::temp_dir() + "/split";
-  const std::string common = "train --data " + data_file() + kTiny + " --steps 6 --eval-interval 0 --log-interval 1 --sample-tokens 0";
+  const std::string common =
+      "train --data " + data_file() + kTiny + " --steps 6 --eval-interval 0 --log-interval 1 --sample-tokens 0";
   const CmdResult a = cabm(common + " --out " + straight);
   const CmdResult b1 = cabm(common + " --out " + split + " --stop-at 3");
   ASSERT_EQ(b1.status, 0) << b1.err;
@@ -101,7 +102,8 @@ TEST(CliTrain, TrainGenerateEvalResume) {
     const size_t at = text.find(prefix);
     return at == std::string::npos ? std::string("(missing)") : text.substr(at, text.find(" | lr", at) - at);
   };
-  for (const char* step : {"step 4/6 | loss", "step 6/6 | loss"}) EXPECT_EQ(line_of(a.out, step), line_of(b2.out, step));
+  for (const char* step : {"step 4/6 | loss", "step 6/6 | loss"})
+    EXPECT_EQ(line_of(a.out, step), line_of(b2.out, step));
 
   // Resuming cannot change the architecture.
   expect_one_line_error(cabm("train --resume --out " + split + " --d-model 32"), "d_model");
@@ -109,11 +111,13 @@ TEST(CliTrain, TrainGenerateEvalResume) {
 
 TEST(CliTrain, BadInputsAreOneLine) {
   const std::string dir = test::temp_dir();
-  expect_one_line_error(cabm("train --data /nonexistent/corpus.txt --out " + dir + "/x"), "/nonexistent/corpus.txt: no such file");
+  expect_one_line_error(cabm("train --data /nonexistent/corpus.txt --out " + dir + "/x"),
+                        "/nonexistent/corpus.txt: no such file");
   std::ofstream(dir + "/empty.txt").flush();
   expect_one_line_error(cabm("train --data " + dir + "/empty.txt --out " + dir + "/x"), "empty");
   std::ofstream(dir + "/latin1.txt") << "caf\xE9 au lait\n";
-  expect_one_line_error(cabm("train --data " + dir + "/latin1.txt --out " + dir + "/x"), "not valid UTF-8 (byte offset 3)");
+  expect_one_line_error(cabm("train --data " + dir + "/latin1.txt --out " + dir + "/x"),
+                        "not valid UTF-8 (byte offset 3)");
   expect_one_line_error(cabm("train --no-such-flag"), "--no-such-flag");
   expect_one_line_error(cabm("train --steps many"), "--steps");
   expect_one_line_error(cabm("train --d-model 30 --heads 4 --out " + dir + "/x"), "divisible");

@@ -25,7 +25,8 @@ TextSplit tiny_text() {
   const std::string base =
       "the quick brown fox jumps over the lazy dog. pack my box with five dozen liquor jugs. "
       "how vexingly quick daft zebras jump! sphinx of black quartz, judge my vow.\n";
-  for (int i = 0; i < 40; ++i) t.train += base.substr(static_cast<size_t>(i % 7)) + base.substr(0, static_cast<size_t>(i % 7));
+  for (int i = 0; i < 40; ++i)
+    t.train += base.substr(static_cast<size_t>(i % 7)) + base.substr(0, static_cast<size_t>(i % 7));
   t.validation = base + base;
   return t;
 }
@@ -77,7 +78,8 @@ TEST(Resume, BitExactAfterRestart) {
   LmTrainer second(tiny_config(out), tiny_text());
   second.restore(load_checkpoint(out, true));
   EXPECT_EQ(second.step(), k);
-  for (int64_t s = k; s < 2 * k; ++s) EXPECT_EQ(second.train_step().loss, expected[static_cast<size_t>(s)]) << "step " << s + 1;
+  for (int64_t s = k; s < 2 * k; ++s)
+    EXPECT_EQ(second.train_step().loss, expected[static_cast<size_t>(s)]) << "step " << s + 1;
   // Weights and optimizer state agree bit for bit.
   for (size_t i = 0; i < straight.parameters().size(); ++i) {
     EXPECT_EQ(straight.parameters()[i].tensor.to_vector(), second.parameters()[i].tensor.to_vector())

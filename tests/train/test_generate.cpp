@@ -70,7 +70,7 @@ TEST(Generate, KvCacheMatchesFullForwardPastTheContext) {
   Rng init(3);
   init_parameters(model, init);
   // Larger embeddings give a peaked, non-trivial greedy path.
-  for (float* p = model.embed.weight.data<float>(), *e = p + model.embed.weight.numel(); p < e; ++p) *p *= 50.0f;
+  for (float *p = model.embed.weight.data<float>(), *e = p + model.embed.weight.numel(); p < e; ++p) *p *= 50.0f;
   const std::vector<int64_t> prompt = {72, 101, 108, 108, 111};
   SamplingOptions greedy;
   greedy.temperature = 0.0f;

@@ -10,7 +10,9 @@
 namespace cabm {
 namespace {
 
-NamedTensors one(const std::string& name, const Tensor& t) { return {{name, t}}; }
+NamedTensors one(const std::string& name, const Tensor& t) {
+  return {{name, t}};
+}
 
 TEST(AdamW, FirstStepByHand) {
   // p = [1, -2] (a matrix, so it decays), g = [0.5, -0.1], lr 0.1, wd 0.01.
@@ -24,7 +26,7 @@ TEST(AdamW, FirstStepByHand) {
   EXPECT_EQ(opt.step, 1);
   EXPECT_NEAR(p.at({0, 0}), 0.899f, 1e-6);
   EXPECT_NEAR(p.at({0, 1}), -1.898f, 1e-6);
-  EXPECT_NEAR(opt.exp_avg[0].at({0, 0}), 0.05f, 1e-8);      // (1 − β1)·g
+  EXPECT_NEAR(opt.exp_avg[0].at({0, 0}), 0.05f, 1e-8);         // (1 − β1)·g
   EXPECT_NEAR(opt.exp_avg_sq[0].at({0, 0}), 0.00025f, 1e-10);  // (1 − β2)·g²
 }
 

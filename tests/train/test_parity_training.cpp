@@ -28,8 +28,12 @@ Fixture load_fixture() {
           read_safetensors(dir + "/expected.safetensors")};
 }
 
-int64_t meta_int(const SafetensorsFile& f, const char* key) { return std::stoll(f.get_metadata(key)); }
-double meta_double(const SafetensorsFile& f, const char* key) { return std::stod(f.get_metadata(key)); }
+int64_t meta_int(const SafetensorsFile& f, const char* key) {
+  return std::stoll(f.get_metadata(key));
+}
+double meta_double(const SafetensorsFile& f, const char* key) {
+  return std::stod(f.get_metadata(key));
+}
 
 TrainConfig fixture_config(const Fixture& fx, const std::string& out) {
   const SafetensorsFile& e = fx.expected;
@@ -87,7 +91,8 @@ void check_parity(int micro, int threads) {
     const StepStats st = trainer.train_step_on(in, tg);
     const double want = losses[static_cast<size_t>(s)];
     worst_loss = std::max(worst_loss, std::fabs(st.loss - want) / std::fabs(want));
-    EXPECT_LE(std::fabs(st.loss - want), 1e-5 * std::fabs(want)) << "step " << s + 1 << ": " << st.loss << " vs " << want;
+    EXPECT_LE(std::fabs(st.loss - want), 1e-5 * std::fabs(want))
+        << "step " << s + 1 << ": " << st.loss << " vs " << want;
     EXPECT_NEAR(st.grad_norm, norms[static_cast<size_t>(s)], 1e-4 * norms[static_cast<size_t>(s)]) << "step " << s + 1;
     EXPECT_NEAR(st.lr, lrs[static_cast<size_t>(s)], 1e-6 * lrs[static_cast<size_t>(s)]) << "step " << s + 1;
   }
@@ -116,14 +121,21 @@ void check_parity(int micro, int threads) {
     EXPECT_TRUE(cmp.ok) << name << ": max |diff| " << cmp.max_abs_diff << "; " << cmp.first_bad;
     worst = std::max(worst, cmp.max_abs_diff);
   }
-  std::printf("micro-batches %d, threads %d: losses max rel diff %.3g, final weights max |diff| %.3g (key biases "
-              "excluded)\n",
-              micro, threads, worst_loss, worst);
+  std::printf(
+      "micro-batches %d, threads %d: losses max rel diff %.3g, final weights max |diff| %.3g (key biases "
+      "excluded)\n",
+      micro, threads, worst_loss, worst);
 }
 
-TEST(ParityTraining, TenStepsMatchPyTorch) { check_parity(1, 2); }
-TEST(ParityTraining, GradientAccumulationMatches) { check_parity(2, 2); }
-TEST(ParityTraining, OneThread) { check_parity(1, 1); }
+TEST(ParityTraining, TenStepsMatchPyTorch) {
+  check_parity(1, 2);
+}
+TEST(ParityTraining, GradientAccumulationMatches) {
+  check_parity(2, 2);
+}
+TEST(ParityTraining, OneThread) {
+  check_parity(1, 1);
+}
 
 }  // namespace
 }  // namespace cabm

@@ -6,8 +6,8 @@
 #include "util/test_util.h"
 
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <set>
 
 namespace cabm {
@@ -40,12 +40,12 @@ TEST(Tokenizer, BytesRoundTrip) {
 TEST(Tokenizer, FindsInvalidUtf8) {
   EXPECT_FALSE(find_invalid_utf8("plain ascii\n"));
   EXPECT_FALSE(find_invalid_utf8("ä € 𝄞"));
-  EXPECT_EQ(find_invalid_utf8("ab\xC3"), 2u);             // truncated
-  EXPECT_EQ(find_invalid_utf8("a\xC0\x80"), 1u);          // overlong NUL
-  EXPECT_EQ(find_invalid_utf8("\xE0\x80\x80"), 0u);       // overlong 3-byte
-  EXPECT_EQ(find_invalid_utf8("x\xED\xA0\x80"), 1u);      // surrogate U+D800
-  EXPECT_EQ(find_invalid_utf8("\xF4\x90\x80\x80"), 0u);   // above U+10FFFF
-  EXPECT_EQ(find_invalid_utf8("ok\x80"), 2u);             // stray continuation
+  EXPECT_EQ(find_invalid_utf8("ab\xC3"), 2u);            // truncated
+  EXPECT_EQ(find_invalid_utf8("a\xC0\x80"), 1u);         // overlong NUL
+  EXPECT_EQ(find_invalid_utf8("\xE0\x80\x80"), 0u);      // overlong 3-byte
+  EXPECT_EQ(find_invalid_utf8("x\xED\xA0\x80"), 1u);     // surrogate U+D800
+  EXPECT_EQ(find_invalid_utf8("\xF4\x90\x80\x80"), 0u);  // above U+10FFFF
+  EXPECT_EQ(find_invalid_utf8("ok\x80"), 2u);            // stray continuation
   EXPECT_EQ(find_invalid_utf8("\xFF"), 0u);
 }
 
@@ -57,14 +57,17 @@ TEST(Tokenizer, Utf8StreamPrintsWholeCharactersAndRepairs) {
   EXPECT_EQ(s.push(0xAC), "\xE2\x82\xAC");  // €
   EXPECT_EQ(s.push(0x80), "\xEF\xBF\xBD");  // stray continuation → U+FFFD
   EXPECT_EQ(s.push(0xC3), "");
-  EXPECT_EQ(s.push('b'), "\xEF\xBF\xBD" "b");  // broken sequence, then b
+  EXPECT_EQ(s.push('b'),
+            "\xEF\xBF\xBD"
+            "b");  // broken sequence, then b
   EXPECT_EQ(s.push(0xC3), "");
   EXPECT_EQ(s.finish(), "\xEF\xBF\xBD");
   EXPECT_EQ(s.finish(), "");
 }
 
 TEST(Fortunes, ParsesEntries) {
-  const std::string file = "First one.\n%\nSecond\n  -- someone\n%\n%\n_\bB_\bo_\bl_\bd text\x07\n\n%\nLast, no separator\n";
+  const std::string file =
+      "First one.\n%\nSecond\n  -- someone\n%\n%\n_\bB_\bo_\bl_\bd text\x07\n\n%\nLast, no separator\n";
   const auto entries = parse_fortunes(file);
   ASSERT_EQ(entries.size(), 4u);
   EXPECT_EQ(entries[0], "First one.");
@@ -108,7 +111,8 @@ TEST(Fortunes, DebianCorpus) {
 }
 
 TEST(TextFile, ErrorsAreClear) {
-  EXPECT_NE(error_of([] { read_utf8_file("/nonexistent/x.txt"); }).find("/nonexistent/x.txt: no such file"), std::string::npos);
+  EXPECT_NE(error_of([] { read_utf8_file("/nonexistent/x.txt"); }).find("/nonexistent/x.txt: no such file"),
+            std::string::npos);
   EXPECT_NE(error_of([] { read_utf8_file(test::temp_dir()); }).find("is a directory"), std::string::npos);
   const std::string empty = write_temp("empty.txt", "");
   EXPECT_NE(error_of([&] { read_utf8_file(empty); }).find("file is empty"), std::string::npos);
@@ -183,7 +187,10 @@ TEST(WordLists, CleansDeduplicatesAndBalances) {
   EXPECT_EQ(en_words, (std::set<std::string>{"cat", "house"}));
   EXPECT_EQ(de_words, (std::set<std::string>{"haus", "katze", "ärger"}));
 
-  EXPECT_NE(error_of([&] { load_word_lists({{"x", "/nonexistent/list"}}); }).find("/nonexistent/list"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              load_word_lists({{"x", "/nonexistent/list"}});
+            }).find("/nonexistent/list"),
+            std::string::npos);
 }
 
 TEST(WordLists, BalancedSampling) {
