@@ -9,44 +9,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include <sys/wait.h>
-
-#include <fstream>
-#include <sstream>
 
 namespace cabm {
 namespace {
 
-struct CmdResult {
-  int status = -1;
-  std::string out, err;
-};
+using test::CmdResult;
+using test::expect_one_line_error;
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-CmdResult cabm(const std::string& args) {
-  const std::string dir = test::temp_dir();
-  const std::string cmd =
-      "CABM_NUM_THREADS=2 " + test::cabm_binary() + " " + args + " >" + dir + "/stdout 2>" + dir + "/stderr </dev/null";
-  const int raw = std::system(cmd.c_str());
-  CmdResult r;
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  r.out = slurp(dir + "/stdout");
-  r.err = slurp(dir + "/stderr");
-  return r;
-}
-
-void expect_one_line_error(const CmdResult& r, const std::string& needle) {
-  EXPECT_NE(r.status, 0) << r.out;
-  ASSERT_FALSE(r.err.empty());
-  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "more than one line:\n" << r.err;
-  EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
-}
+CmdResult cabm(const std::string& args) { return test::run_cabm(args); }
 
 bool contains(const std::string& s, const std::string& needle) {
   return s.find(needle) != std::string::npos;

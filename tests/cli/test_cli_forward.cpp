@@ -12,21 +12,11 @@
 namespace cabm {
 namespace {
 
-struct CmdResult {
-  int status;
-  std::string err;
-};
+using test::CmdResult;
 
 CmdResult run_forward(const std::string& model, const std::string& input, const std::string& output,
-                const std::string& extra = "") {
-  const std::string err_path = test::temp_dir() + "/stderr.txt";
-  const std::string cmd = test::cabm_binary() + " forward --model '" + model + "' --input '" + input +
-                          "' --output '" + output + "' " + extra + " 2>'" + err_path + "'";
-  const int status = std::system(cmd.c_str());
-  std::ifstream in(err_path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return {status, ss.str()};
+                      const std::string& extra = "") {
+  return test::run_cabm("forward --model '" + model + "' --input '" + input + "' --output '" + output + "' " + extra);
 }
 
 std::string path(const std::string& name) { return test::temp_dir() + "/" + name; }
@@ -54,11 +44,7 @@ struct Files {
   }
 };
 
-void expect_error(const CmdResult& r, const std::string& needle) {
-  EXPECT_NE(r.status, 0) << r.err;
-  EXPECT_NE(r.err.find(needle), std::string::npos) << "stderr: " << r.err;
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "expected one line: " << r.err;
-}
+void expect_error(const CmdResult& r, const std::string& needle) { test::expect_one_line_error(r, needle); }
 
 TEST(CliForward, ValidFilesRun) {
   Files f;

@@ -5,6 +5,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <sys/wait.h>
 #include <unistd.h>
 
 namespace cabm::test {
@@ -52,6 +56,32 @@ std::string temp_dir() {
     return std::string(made);
   }();
   return dir;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+CmdResult run_cabm(const std::string& args) {
+  const std::string dir = temp_dir();
+  const std::string cmd =
+      "CABM_NUM_THREADS=2 " + cabm_binary() + " " + args + " >" + dir + "/stdout 2>" + dir + "/stderr </dev/null";
+  const int raw = std::system(cmd.c_str());
+  CmdResult r;
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  r.out = read_file(dir + "/stdout");
+  r.err = read_file(dir + "/stderr");
+  return r;
+}
+
+void expect_one_line_error(const CmdResult& r, const std::string& needle) {
+  EXPECT_NE(r.status, 0) << r.out;
+  ASSERT_FALSE(r.err.empty());
+  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "more than one line:\n" << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
 }
 
 }  // namespace cabm::test

@@ -41,4 +41,18 @@ std::string fixtures_dir();  // where make_fixtures.py wrote its files
 std::string cabm_binary();   // path of the built `cabm` executable
 std::string temp_dir();      // a fresh directory for this test process
 
+std::string read_file(const std::string& path);  // whole file as bytes ("" if unreadable)
+
+// Runs `cabm ARGS` through the shell (CABM_NUM_THREADS=2, stdin from /dev/null) and captures
+// its exit status (-1 if it did not exit normally), stdout and stderr.
+struct CmdResult {
+  int status = -1;
+  std::string out, err;
+};
+CmdResult run_cabm(const std::string& args);
+
+// The bad-input contract of the CLI: a non-zero status and exactly one line on stderr that
+// contains `needle` (the file, tensor or flag it names).
+void expect_one_line_error(const CmdResult& r, const std::string& needle);
+
 }  // namespace cabm::test
