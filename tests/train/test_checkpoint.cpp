@@ -51,14 +51,7 @@ TrainConfig tiny_config(const std::string& out) {
   return c;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 TEST(Resume, BitExactAfterRestart) {
   test::ScopedThreads threads(2);

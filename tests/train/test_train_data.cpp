@@ -19,14 +19,7 @@ std::string write_temp(const std::string& name, const std::string& bytes) {
   return path;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 TEST(Tokenizer, BytesRoundTrip) {
   const std::string text = "héllo, wörld! €";

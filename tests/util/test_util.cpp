@@ -1,5 +1,6 @@
 #include "util/test_util.h"
 
+#include "core/error.h"
 #include "core/threads.h"
 
 #include <cmath>
@@ -63,6 +64,15 @@ std::string read_file(const std::string& path) {
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 CmdResult run_cabm(const std::string& args) {
