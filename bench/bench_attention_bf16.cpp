@@ -1,11 +1,14 @@
-// bf16 flash attention forward against the fp32 flash forward, B=1, H=8, d=64 (N = M given), and
-// the vdpbf16ps peak of this machine measured in the same process.
+// bf16 flash attention (forward and backward) against the fp32 flash kernels, B=1, H=8, d=64
+// (N = M given), and the vdpbf16ps peak of this machine measured in the same process.
 //
 // BM_Vdpbf16psPeak: a register-only loop of independent vdpbf16ps chains on every OpenMP thread
 // (2·32 flops per instruction: 16 lanes × 2 products, each a multiply and an add).
 // BM_FlashFp32VsBf16: each iteration times one fp32 and one bf16 forward back to back; counters are
 // medians: GFLOP/s of both (FlashAttention's convention, 4·B·H·N·M·d), bf16/fp32 speed ratio, and
 // the bf16 kernel's share of the peak measured by BM_Vdpbf16psPeak (run it first; same process).
+// BM_FlashFp32VsBf16Backward: the same for one fp32 and one bf16 backward per iteration (from each
+// kernel's own forward), FLOPs 2.5× the forward's.
+// The label names the bf16 path that ran (avx512_bf16, avx2_fp32 or portable).
 //
 //   ./build/bf16/bench/bench_attention_bf16 --benchmark_min_time=1
 //   CABM_FORCE_PORTABLE=1 ./build/bf16/bench/bench_attention_bf16
@@ -129,8 +132,56 @@ void BM_FlashFp32VsBf16(benchmark::State& state) {
   state.SetLabel(std::string("bf16 path ") + cabm::attention_flash_bf16_path() + ", fp32 " + cabm::flash_isa());
 }
 
+// args: N (= M), causal
+void BM_FlashFp32VsBf16Backward(benchmark::State& state) {
+  const int64_t N = state.range(0), H = 8, d = 64;
+  const bool causal = state.range(1) != 0;
+  const cabm::Tensor q = random_heads(N, H, d, 1), k = random_heads(N, H, d, 2), v = random_heads(N, H, d, 3);
+  const cabm::Tensor g = random_heads(N, H, d, 4);
+  const cabm::Tensor qb = to_bf16(q), kb = to_bf16(k), vb = to_bf16(v);
+  cabm::Tensor out = cabm::Tensor::zeros({1, N, H, d}), out16 = cabm::Tensor::zeros({1, N, H, d});
+  cabm::Tensor lse = cabm::Tensor::zeros({1, H, N}), lse16 = cabm::Tensor::zeros({1, H, N});
+  cabm::AttentionOptions options;
+  if (causal) options.mask = cabm::Mask::causal();
+  cabm::attention_flash_forward(q, k, v, options, out, &lse);
+  cabm::attention_flash_bf16_forward(qb, kb, vb, options, out16, &lse16);
+  const cabm::AttentionGrads grads{cabm::Tensor::zeros(q.shape()), cabm::Tensor::zeros(k.shape()),
+                                   cabm::Tensor::zeros(v.shape())};
+  const cabm::AttentionSaved saved{q, k, v, out, lse}, saved16{qb, kb, vb, out16, lse16};
+  cabm::attention_flash_backward(saved, g, options, grads);  // warm-up
+  cabm::attention_flash_bf16_backward(saved16, g, options, grads);
+  std::vector<double> t32, t16;
+  using clock = std::chrono::steady_clock;
+  for (auto _ : state) {
+    const auto t0 = clock::now();
+    cabm::attention_flash_backward(saved, g, options, grads);
+    const auto t1 = clock::now();
+    cabm::attention_flash_bf16_backward(saved16, g, options, grads);
+    const auto t2 = clock::now();
+    t32.push_back(std::chrono::duration<double>(t1 - t0).count());
+    t16.push_back(std::chrono::duration<double>(t2 - t1).count());
+    state.SetIterationTime(t32.back() + t16.back());
+  }
+  std::sort(t32.begin(), t32.end());
+  std::sort(t16.begin(), t16.end());
+  const double m32 = t32[t32.size() / 2], m16 = t16[t16.size() / 2];
+  const double flops = 2.5 * 4.0 * H * static_cast<double>(N) * static_cast<double>(N) * d * (causal ? 0.5 : 1.0);
+  state.counters["fp32_GFLOP/s"] = flops / m32 * 1e-9;
+  state.counters["bf16_GFLOP/s"] = flops / m16 * 1e-9;
+  state.counters["bf16/fp32"] = m32 / m16;
+  state.SetLabel(std::string("bf16 path ") + cabm::attention_flash_bf16_backward_path() + ", fp32 " +
+                 cabm::flash_isa());
+}
+
 BENCHMARK(BM_Vdpbf16psPeak)->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_FlashFp32VsBf16)
+    ->ArgNames({"N", "causal"})
+    ->Args({4096, 0})
+    ->Args({4096, 1})
+    ->Args({1024, 0})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FlashFp32VsBf16Backward)
     ->ArgNames({"N", "causal"})
     ->Args({4096, 0})
     ->Args({4096, 1})

@@ -9,6 +9,11 @@
 //
 // The inputs are head views of one fused [B, N, 3·H·d] projection, as nn/ produces them (the
 // same setup as bench/bench_attention.cpp, which has the Google Benchmark form of these cases).
+//
+// --precision bf16 times attention_flash_bf16_forward / _backward instead (the same values rounded
+// to bf16, out / lse / gradients F32); --precision both times fp32 and bf16 back to back for each
+// case and prints them side by side with the speed ratio (bf16 time / fp32 time inverted) and the
+// bf16 path that ran (avx512_bf16, avx2_fp32 or portable).
 #include "cli/bench_util.h"
 #include "cli/commands.h"
 #include "core/error.h"
@@ -16,6 +21,8 @@
 #include "core/tensor.h"
 #include "core/threads.h"
 #include "kernels/attention.h"
+#include "kernels/attention_flash_bf16.h"
+#include "kernels/bf16.h"
 #include "kernels/block_sparse.h"
 
 #include <fmt/format.h>
@@ -47,18 +54,22 @@ struct BenchFlags {
   int threads = 0;
   bool json = false;
   bool backward = false;
+  std::string precision = "fp32";  // fp32, bf16 or both
   CLI::Option* threads_option = nullptr;
+  bool fp32() const { return precision != "bf16"; }
+  bool bf16() const { return precision != "fp32"; }
 };
 
 struct Problem {
   int64_t B, H, N, d;
   std::string mask_name;
   Tensor qkv, q, k, v, out, lse, dout, grad_buffer;
+  Tensor qkv16, q16, k16, v16, out16, lse16;  // bf16 copies of q, k, v (when timing bf16)
   AttentionOptions options;
   AttentionGrads grads;
   double pairs = 0;  // attended (query, key) pairs, summed over heads and batch
 
-  Problem(int64_t B_, int64_t H_, int64_t N_, int64_t d_, const std::string& mask)
+  Problem(int64_t B_, int64_t H_, int64_t N_, int64_t d_, const std::string& mask, bool with_bf16)
       : B(B_), H(H_), N(N_), d(d_), mask_name(mask) {
     const int64_t E = H * d;
     qkv = Tensor::empty({B, N, 3 * E});
@@ -73,6 +84,16 @@ struct Problem {
     fill_random(dout, 2);
     grad_buffer = Tensor::empty({B, N, 3, H, d});
     grads = {grad_buffer.select(2, 0), grad_buffer.select(2, 1), grad_buffer.select(2, 2)};
+    if (with_bf16) {
+      qkv16 = Tensor::empty({B, N, 3 * E}, DType::BF16);
+      float_to_bf16(qkv.data<float>(), qkv16.data<bf16>(), qkv.numel());
+      const Tensor heads16 = qkv16.view({B, N, 3, H, d});
+      q16 = heads16.select(2, 0);
+      k16 = heads16.select(2, 1);
+      v16 = heads16.select(2, 2);
+      out16 = Tensor::empty({B, N, H, d});
+      lse16 = Tensor::empty({B, H, N});
+    }
     double per_head = 0;
     if (mask == "none") {
       per_head = static_cast<double>(N) * static_cast<double>(N);
@@ -130,29 +151,37 @@ Timing time_calls(int64_t repeats, const std::function<void()>& call) {
 struct Row {
   int64_t N, d;
   std::string mask, direction;
+  std::string precision;  // of the kernel the main columns measured: fp32, or bf16 under --precision bf16
   double flops, seconds, gflops, percent_peak;
   int64_t memory;
   std::optional<double> reference_seconds;
   std::optional<int64_t> reference_memory;
+  std::optional<Timing> bf16;  // --precision both: the bf16 kernel, timed after the fp32 one
+  std::string bf16_path;       // the bf16 path that ran, when bf16 was timed
 };
 
 std::vector<Row> run_case(const BenchFlags& f, int64_t N, int64_t d, const std::string& mask, double peak) {
-  Problem p(f.batch, f.heads, N, d, mask);
+  Problem p(f.batch, f.heads, N, d, mask, f.bf16());
   const bool with_reference = N <= kReferenceMaxN;
   const int64_t reference_repeats = std::min<int64_t>(f.repeats, 3);
   std::vector<Row> rows;
-  auto add = [&](const std::string& direction, double flops, const Timing& t, const std::optional<Timing>& ref) {
+  // main: the fp32 kernel (or the bf16 one under --precision bf16); bf16: --precision both.
+  auto add = [&](const std::string& direction, double flops, const Timing& t, const std::optional<Timing>& ref,
+                 const std::optional<Timing>& bf16, const char* bf16_path) {
     Row row{N,
             d,
             mask,
             direction,
+            f.fp32() ? "fp32" : "bf16",
             flops,
             t.seconds,
             flops / t.seconds * 1e-9,
             100.0 * flops / t.seconds / peak,
             t.memory,
             std::nullopt,
-            std::nullopt};
+            std::nullopt,
+            bf16,
+            f.bf16() ? bf16_path : ""};
     if (ref) {
       row.reference_seconds = ref->seconds;
       row.reference_memory = ref->memory;
@@ -160,25 +189,40 @@ std::vector<Row> run_case(const BenchFlags& f, int64_t N, int64_t d, const std::
     rows.push_back(row);
   };
 
-  const Timing fwd = time_calls(f.repeats, [&] { attention_flash_forward(p.q, p.k, p.v, p.options, p.out, &p.lse); });
+  std::optional<Timing> fwd16;
+  if (f.bf16()) {
+    fwd16 = time_calls(f.repeats,
+                       [&] { attention_flash_bf16_forward(p.q16, p.k16, p.v16, p.options, p.out16, &p.lse16); });
+  }
+  const Timing fwd =
+      f.fp32() ? time_calls(f.repeats, [&] { attention_flash_forward(p.q, p.k, p.v, p.options, p.out, &p.lse); })
+               : *fwd16;
   std::optional<Timing> fwd_ref;
   if (with_reference) {
     fwd_ref = time_calls(reference_repeats,
                          [&] { attention_reference_forward(p.q, p.k, p.v, p.options, p.out, nullptr, &p.lse); });
   }
-  add("forward", p.forward_flops(), fwd, fwd_ref);
+  add("forward", p.forward_flops(), fwd, fwd_ref, f.fp32() ? fwd16 : std::nullopt, attention_flash_bf16_path());
 
   if (f.backward) {
+    std::optional<Timing> bwd16;
+    if (f.bf16()) {
+      attention_flash_bf16_forward(p.q16, p.k16, p.v16, p.options, p.out16, &p.lse16);
+      const AttentionSaved saved16{p.q16, p.k16, p.v16, p.out16, p.lse16};
+      bwd16 = time_calls(f.repeats, [&] { attention_flash_bf16_backward(saved16, p.dout, p.options, p.grads); });
+    }
     attention_flash_forward(p.q, p.k, p.v, p.options, p.out, &p.lse);
     const AttentionSaved saved{p.q, p.k, p.v, p.out, p.lse};
-    const Timing bwd = time_calls(f.repeats, [&] { attention_flash_backward(saved, p.dout, p.options, p.grads); });
+    const Timing bwd =
+        f.fp32() ? time_calls(f.repeats, [&] { attention_flash_backward(saved, p.dout, p.options, p.grads); }) : *bwd16;
     std::optional<Timing> bwd_ref;
     if (with_reference) {
       const AttentionSaved ref_saved{p.q, p.k, p.v, p.out, Tensor()};
       bwd_ref =
           time_calls(reference_repeats, [&] { attention_reference_backward(ref_saved, p.dout, p.options, p.grads); });
     }
-    add("backward", 2.5 * p.forward_flops(), bwd, bwd_ref);
+    add("backward", 2.5 * p.forward_flops(), bwd, bwd_ref, f.fp32() ? bwd16 : std::nullopt,
+        attention_flash_bf16_backward_path());
   }
   return rows;
 }
@@ -199,6 +243,8 @@ void validate(const BenchFlags& f) {
   for (const std::string& m : f.masks)
     if (m != "none" && m != "causal" && m != "window" && m != "bigbird")
       throw Error(fmt::format("--masks: unknown mask '{}' (expected none, causal, window or bigbird)", m));
+  if (f.precision != "fp32" && f.precision != "bf16" && f.precision != "both")
+    throw Error(fmt::format("--precision: unknown value '{}' (expected fp32, bf16 or both)", f.precision));
 }
 
 void bench_attention(const BenchFlags& f) {
@@ -209,17 +255,30 @@ void bench_attention(const BenchFlags& f) {
   validate(f);
   const double peak = measure_fma_peak();
   std::vector<Row> rows;
+  const bool side_by_side = f.fp32() && f.bf16();
   if (!f.json) {
-    std::printf("attention kernel: flash (%s), threads %d, B %lld, H %lld, repeats %lld (median)\n", flash_isa(),
-                num_threads(), static_cast<long long>(f.batch), static_cast<long long>(f.heads),
-                static_cast<long long>(f.repeats));
+    if (f.fp32()) {
+      std::printf("attention kernel: flash (%s), threads %d, B %lld, H %lld, repeats %lld (median)\n", flash_isa(),
+                  num_threads(), static_cast<long long>(f.batch), static_cast<long long>(f.heads),
+                  static_cast<long long>(f.repeats));
+    } else {
+      std::printf("attention kernel: flash bf16 (forward %s, backward %s), threads %d, B %lld, H %lld, repeats %lld "
+                  "(median)\n",
+                  attention_flash_bf16_path(), attention_flash_bf16_backward_path(), num_threads(),
+                  static_cast<long long>(f.batch), static_cast<long long>(f.heads), static_cast<long long>(f.repeats));
+    }
+    if (side_by_side)
+      std::printf("bf16: attention_flash_bf16 on the same values rounded to bf16, timed after fp32 in the same run; "
+                  "bf16/fp32 = fp32 time / bf16 time\n");
     std::printf("FMA peak (%s loop, %d threads): %.1f GFLOP/s\n", fma_peak_isa(), num_threads(), peak * 1e-9);
     std::printf("GFLOP/s: forward 4*B*H*d*pairs, backward 2.5x, pairs = attended (query, key) pairs only\n");
     std::printf(
         "mem: peak RSS increase during the calls (inputs excluded); ref: reference kernel, skipped for N > %lld\n\n",
         static_cast<long long>(kReferenceMaxN));
-    std::printf("%6s %5s %-8s %-8s %10s %9s %6s %8s %10s %8s %8s\n", "N", "d", "mask", "pass", "time_ms", "GFLOP/s",
+    std::printf("%6s %5s %-8s %-8s %10s %9s %6s %8s %10s %8s %8s", "N", "d", "mask", "pass", "time_ms", "GFLOP/s",
                 "%peak", "mem_MiB", "ref_ms", "ref_MiB", "speedup");
+    if (side_by_side) std::printf(" %10s %9s %9s %-12s", "bf16_ms", "bf16_GF/s", "bf16/fp32", "bf16_path");
+    std::printf("\n");
     std::fflush(stdout);
   }
   for (int64_t d : f.d)
@@ -228,18 +287,27 @@ void bench_attention(const BenchFlags& f) {
         for (const Row& r : run_case(f, N, d, mask, peak)) {
           rows.push_back(r);
           if (!f.json) {
-            std::printf("%6lld %5lld %-8s %-8s %10.3f %9.2f %6.1f %8s %10s %8s %8s\n", static_cast<long long>(r.N),
+            std::printf("%6lld %5lld %-8s %-8s %10.3f %9.2f %6.1f %8s %10s %8s %8s", static_cast<long long>(r.N),
                         static_cast<long long>(r.d), r.mask.c_str(), r.direction.c_str(), r.seconds * 1e3, r.gflops,
                         r.percent_peak, mib(r.memory).c_str(),
                         r.reference_seconds ? fmt::format("{:.3f}", *r.reference_seconds * 1e3).c_str() : "-",
                         r.reference_memory ? mib(*r.reference_memory).c_str() : "-",
                         r.reference_seconds ? fmt::format("{:.1f}x", *r.reference_seconds / r.seconds).c_str() : "-");
+            if (r.bf16)
+              std::printf(" %10.3f %9.2f %9.2f %-12s", r.bf16->seconds * 1e3, r.flops / r.bf16->seconds * 1e-9,
+                          r.seconds / r.bf16->seconds, r.bf16_path.c_str());
+            std::printf("\n");
             std::fflush(stdout);
           }
         }
   if (f.json) {
     nlohmann::json j;
     j["kernel_isa"] = flash_isa();
+    j["precision"] = f.precision;
+    if (f.bf16()) {
+      j["bf16_path"] = attention_flash_bf16_path();
+      j["bf16_backward_path"] = attention_flash_bf16_backward_path();
+    }
     j["peak_isa"] = fma_peak_isa();
     j["threads"] = num_threads();
     j["batch"] = f.batch;
@@ -255,6 +323,8 @@ void bench_attention(const BenchFlags& f) {
       c["d"] = r.d;
       c["mask"] = r.mask;
       c["pass"] = r.direction;
+      c["precision"] = r.precision;
+      if (!r.bf16_path.empty()) c["bf16_path"] = r.bf16_path;
       c["flops"] = r.flops;
       c["time_ms"] = r.seconds * 1e3;
       c["gflops"] = r.gflops;
@@ -264,6 +334,13 @@ void bench_attention(const BenchFlags& f) {
       c["reference_memory_bytes"] = r.reference_memory ? nlohmann::json(*r.reference_memory) : nlohmann::json();
       c["speedup_vs_reference"] =
           r.reference_seconds ? nlohmann::json(*r.reference_seconds / r.seconds) : nlohmann::json();
+      if (r.bf16) {
+        c["bf16_time_ms"] = r.bf16->seconds * 1e3;
+        c["bf16_gflops"] = r.flops / r.bf16->seconds * 1e-9;
+        c["bf16_percent_peak"] = 100.0 * r.flops / r.bf16->seconds / peak;
+        c["bf16_memory_bytes"] = r.bf16->memory;
+        c["bf16_speed_vs_fp32"] = r.seconds / r.bf16->seconds;
+      }
       j["cases"].push_back(c);
     }
     std::printf("%s\n", j.dump(2).c_str());
@@ -290,6 +367,8 @@ void register_bench(CLI::App& app) {
   f->threads_option = cmd->add_option("--threads", f->threads, "threads (default: CABM_NUM_THREADS or all cores)");
   cmd->add_flag("--json", f->json, "machine-readable output (one JSON object)");
   cmd->add_flag("--backward", f->backward, "also time the backward pass");
+  cmd->add_option("--precision", f->precision,
+                  "fp32 (default), bf16 (attention_flash_bf16 kernels) or both (side by side, with the ratio)");
   cmd->callback([f] { bench_attention(*f); });
 }
 

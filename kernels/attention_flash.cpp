@@ -1,4 +1,5 @@
 #include "kernels/attention_flash.h"
+#include "kernels/attention_flash_detail.h"
 #include "kernels/tile_mask.h"
 
 #include "kernels/attention_simd.h"
@@ -12,6 +13,7 @@
 #include <cstdlib>
 #include <memory>
 #include <numeric>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -204,6 +206,42 @@ HeadRows head_rows(const Tensor& t, int64_t b, int64_t h) {
   return {t.data<float>() + b * t.stride(0) + h * t.stride(2), t.stride(1)};
 }
 
+// The inputs q, k, v have elements of type T: float, or bf16 for the bf16 kernels' SIMD path
+// (attention_flash_detail.h). bf16 is widened exactly (a 16-bit shift) whenever a tile is packed,
+// so every block product runs on fp32 tiles. With T = bf16 the other operands of the products are
+// rounded to bf16 values (kept in fp32) where attention_flash_bf16.h says: P before P·V in the
+// forward; dO, P∘z and dS in the backward. Everything else (scores, softmax statistics, D, dP,
+// the accumulators) is fp32 either way.
+template <typename T>
+struct InputRows {
+  const T* data;
+  int64_t stride;
+  const T* row(int64_t r) const { return data + r * stride; }
+};
+template <typename T>
+InputRows<T> input_rows(const Tensor& t, int64_t b, int64_t h) {
+  return {t.data<T>() + b * t.stride(0) + h * t.stride(2), t.stride(1)};
+}
+inline float widen(float x) { return x; }
+inline float widen(bf16 x) { return bf16_to_float(x); }
+template <typename T>
+void widen_row(const T* src, int64_t n, float* dst) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::copy_n(src, n, dst);
+  } else {
+    for (int64_t c = 0; c < n; ++c) dst[c] = widen(src[c]);
+  }
+}
+template <typename T>
+constexpr bool kRoundsProducts = std::is_same_v<T, bf16>;
+
+// dst = src rounded to bf16 values, rows × lanes (a multiple of kWidth) of tiles with stride ld.
+void round_tile_to_bf16(const float* src, float* dst, int64_t rows, int64_t lanes, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t lv = 0; lv < lanes; lv += kWidth)
+      simd::store(dst + r * ld + lv, simd::round_to_bf16(simd::load(src + r * ld + lv)));
+}
+
 // The shapes and constants of one call, shared by all threads.
 struct Problem {
   int64_t B, N, H, M, d, dv;
@@ -211,14 +249,21 @@ struct Problem {
   float scale;       // of the scores
   float keep_scale;  // 1 / (1 − dropout)
   bool dropout;
+  bool bf16;  // bf16 inputs, products' operands rounded (see InputRows)
 };
 
 Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
                      const FlashConfig& config, bool backward) {
   CABM_CHECK(options.dropout >= 0.0f && options.dropout < 1.0f, "dropout {} outside [0, 1)", options.dropout);
   const FlashConfig tiles = flash_resolved_config(config, options, q.size(3), backward);
-  return {q.size(0), q.size(1), q.size(2), k.size(1), q.size(3), v.size(3), tiles.block_q, tiles.block_k,
-          attention_scale(options, q.size(3)), 1.0f / (1.0f - options.dropout), options.dropout > 0.0f};
+  Problem p{};
+  p.B = q.size(0), p.N = q.size(1), p.H = q.size(2), p.M = k.size(1), p.d = q.size(3), p.dv = v.size(3);
+  p.block_q = tiles.block_q, p.block_k = tiles.block_k;
+  p.scale = attention_scale(options, q.size(3));
+  p.keep_scale = 1.0f / (1.0f - options.dropout);
+  p.dropout = options.dropout > 0.0f;
+  p.bf16 = q.dtype() == DType::BF16;
+  return p;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -251,12 +296,14 @@ struct ForwardArgs {
   const Problem& p;
 };
 
+template <typename T>
 void forward_query_tile(const ForwardArgs& args, ForwardBuffers& buf, int64_t b, int64_t h, int64_t qt) {
   const Problem& p = args.p;
   const int64_t i0 = qt * p.block_q, ni = std::min(p.block_q, p.N - i0);
   const int64_t lanes = round_up(ni, kWidth), ld = buf.ld;
   const Range rows{i0, i0 + ni};
-  const HeadRows q = head_rows(args.q, b, h), out = head_rows(args.out, b, h);
+  const InputRows<T> q = input_rows<T>(args.q, b, h);
+  const HeadRows out = head_rows(args.out, b, h);
   const HeadRows k{const_cast<float*>(args.k) + (b * p.H + h) * p.M * p.d, p.d};
   const HeadRows v{const_cast<float*>(args.v) + (b * p.H + h) * p.M * p.dv, p.dv};
 
@@ -264,7 +311,7 @@ void forward_query_tile(const ForwardArgs& args, ForwardBuffers& buf, int64_t b,
   const float qscale = p.scale * kLog2e;
   float* qt_buf = buf.qt;
   for (int64_t c = 0; c < p.d; ++c) {
-    for (int64_t r = 0; r < ni; ++r) qt_buf[c * ld + r] = q.row(i0 + r)[c] * qscale;
+    for (int64_t r = 0; r < ni; ++r) qt_buf[c * ld + r] = widen(q.row(i0 + r)[c]) * qscale;
     for (int64_t r = ni; r < lanes; ++r) qt_buf[c * ld + r] = 0.0f;
   }
   // Running maximum (base-2 scores) and sum. −FLT_MAX rather than −inf keeps exp2(s − m) free of
@@ -336,6 +383,8 @@ void forward_query_tile(const ForwardArgs& args, ForwardBuffers& buf, int64_t b,
         for (int64_t lv = 0; lv < lanes; lv += kWidth)
           simd::store(s + r * ld + lv, simd::mul(simd::load(s + r * ld + lv), simd::load(z + r * ld + lv)));
     }
+    // Mixed precision: P (∘ z) enters P·V as bf16; l above summed the fp32 values.
+    if constexpr (kRoundsProducts<T>) round_tile_to_bf16(s, s, nk, lanes, ld);
     // Oᵀ = alpha ∘ Oᵀ + Vᵀ Pᵀ; the rescale only when some row's maximum grew.
     const Accum mode = first ? Accum::kOverwrite : grew ? Accum::kScaleAdd : Accum::kAdd;
     tile_product(p.dv, lanes, nk, {v.row(j0), 1, v.stride}, {s, ld}, {o, ld}, mode, alpha);
@@ -379,7 +428,7 @@ struct BackwardBuffers {
         s(scratch(kS, p.block_q * ld)),
         dpp(scratch(kDP, p.block_q * ld)),
         mask(scratch(kMaskTile, p.block_q * ld)),
-        z(p.dropout ? scratch(kZ, p.block_q * ld) : nullptr),
+        z(p.dropout || p.bf16 ? scratch(kZ, p.block_q * ld) : nullptr),
         lse2(scratch(kLse2, p.N)),
         delta(scratch(kDelta, p.N)),
         dq(scratch(kDQ, p.N * dp)),
@@ -396,16 +445,22 @@ struct BackwardArgs {
   const Problem& p;
 };
 
-// Per-head setup: Q and dO packed, lse in base 2 (+inf for fully masked rows, so that
-// exp2(s − lse) = 0 there), D_i = dO_i · O_i, and a zero dq accumulator.
+// Per-head setup: Q and dO packed (dO as bf16 values in mixed precision: it is used only as an
+// operand of products), lse in base 2 (+inf for fully masked rows, so that exp2(s − lse) = 0
+// there), D_i = dO_i · O_i in fp32, and a zero dq accumulator.
+template <typename T>
 void backward_begin_head(const BackwardArgs& args, BackwardBuffers& buf, int64_t b, int64_t h) {
   const Problem& p = args.p;
   const float* lse = args.saved.lse.data<float>() + (b * p.H + h) * p.N;
   const HeadRows o = head_rows(args.saved.out, b, h), g = head_rows(args.dout, b, h);
-  const HeadRows q = head_rows(args.saved.q, b, h);
+  const InputRows<T> q = input_rows<T>(args.saved.q, b, h);
   for (int64_t i = 0; i < p.N; ++i) {
-    std::copy_n(q.row(i), p.d, buf.q + i * p.d);
-    std::copy_n(g.row(i), p.dv, buf.g + i * p.dv);
+    widen_row(q.row(i), p.d, buf.q + i * p.d);
+    if constexpr (kRoundsProducts<T>) {
+      for (int64_t c = 0; c < p.dv; ++c) buf.g[i * p.dv + c] = bf16_to_float(float_to_bf16(g.row(i)[c]));
+    } else {
+      std::copy_n(g.row(i), p.dv, buf.g + i * p.dv);
+    }
   }
   float *lse2 = buf.lse2, *delta = buf.delta;
   for (int64_t i = 0; i < p.N; ++i) {
@@ -418,27 +473,28 @@ void backward_begin_head(const BackwardArgs& args, BackwardBuffers& buf, int64_t
   buf.head = b * p.H + h;
 }
 
+template <typename T>
 void backward_key_tile(const BackwardArgs& args, BackwardBuffers& buf, int64_t b, int64_t h, int64_t kt) {
   const Problem& p = args.p;
   const int64_t j0 = kt * p.block_k, nk = std::min(p.block_k, p.M - j0);
   const int64_t lanes = round_up(nk, kWidth), ld = buf.ld, dp = buf.dp;
   const Range keys{j0, j0 + nk};
-  const HeadRows k = head_rows(args.saved.k, b, h), v = head_rows(args.saved.v, b, h);
+  const InputRows<T> k = input_rows<T>(args.saved.k, b, h), v = input_rows<T>(args.saved.v, b, h);
   const HeadRows q{buf.q, p.d}, g{buf.g, p.dv};  // packed by backward_begin_head
 
   // Kᵀ scaled into base-2 scores (as the forward's Qᵀ), Vᵀ, and K·scale row-major for dQ = dS (scale·K).
   const float kscale = p.scale * kLog2e;
   float *kt_buf = buf.kt, *vt_buf = buf.vt, *ks = buf.ks;
   for (int64_t c = 0; c < p.d; ++c) {
-    for (int64_t r = 0; r < nk; ++r) kt_buf[c * ld + r] = k.row(j0 + r)[c] * kscale;
+    for (int64_t r = 0; r < nk; ++r) kt_buf[c * ld + r] = widen(k.row(j0 + r)[c]) * kscale;
     for (int64_t r = nk; r < lanes; ++r) kt_buf[c * ld + r] = 0.0f;
   }
   for (int64_t c = 0; c < p.dv; ++c) {
-    for (int64_t r = 0; r < nk; ++r) vt_buf[c * ld + r] = v.row(j0 + r)[c];
+    for (int64_t r = 0; r < nk; ++r) vt_buf[c * ld + r] = widen(v.row(j0 + r)[c]);
     for (int64_t r = nk; r < lanes; ++r) vt_buf[c * ld + r] = 0.0f;
   }
   for (int64_t r = 0; r < nk; ++r) {
-    for (int64_t c = 0; c < p.d; ++c) ks[r * dp + c] = k.row(j0 + r)[c] * p.scale;
+    for (int64_t c = 0; c < p.d; ++c) ks[r * dp + c] = widen(k.row(j0 + r)[c]) * p.scale;
     for (int64_t c = p.d; c < dp; ++c) ks[r * dp + c] = 0.0f;
   }
   float *dkt = buf.dkt, *dvt = buf.dvt, *s = buf.s, *dps = buf.dpp;
@@ -485,6 +541,11 @@ void backward_key_tile(const BackwardArgs& args, BackwardBuffers& buf, int64_t b
       }
       p_used = z;
     }
+    // Mixed precision: P∘z enters dV as bf16 (into z; P stays fp32 for dS).
+    if constexpr (kRoundsProducts<T>) {
+      round_tile_to_bf16(p_used, buf.z, ni, lanes, ld);
+      p_used = buf.z;
+    }
     // dVᵀ += dOᵀ (P∘z)
     tile_product(p.dv, lanes, ni, {g.row(i0), 1, g.stride}, {p_used, ld}, {dvt, ld}, Accum::kAdd);
     // dS = P ∘ (dP − D)
@@ -495,6 +556,8 @@ void backward_key_tile(const BackwardArgs& args, BackwardBuffers& buf, int64_t b
         simd::store(dps + r * ld + lv, ds);
       }
     }
+    // Mixed precision: dS enters dK and dQ as bf16.
+    if constexpr (kRoundsProducts<T>) round_tile_to_bf16(dps, dps, ni, lanes, ld);
     // dKᵀ += Qᵀ dS (scaled at the end);  dQ += dS (scale·K), only over the tile's real keys.
     tile_product(p.d, lanes, ni, {q.row(i0), 1, q.stride}, {dps, ld}, {dkt, ld}, Accum::kAdd);
     tile_product(ni, dp, nk, {dps, ld, 1}, {ks, dp}, {dq + i0 * dp, dp}, Accum::kAdd);
@@ -519,6 +582,7 @@ struct Partial {  // dq of a head this thread shares with a neighbour
   int64_t head = -1;
   Floats acc;
 };
+template <typename Elem>
 void backward_split_key_tiles(const BackwardArgs& args, const std::vector<int64_t>& prefix,
                               std::vector<std::array<Partial, 2>>& partials, int t, int T) {
   const Problem& p = args.p;
@@ -545,9 +609,9 @@ void backward_split_key_tiles(const BackwardArgs& args, const std::vector<int64_
       const int64_t hd = n / n_kt;
       if (hd != buf.head) {
         if (buf.head >= 0) finish_head();
-        backward_begin_head(args, buf, hd / p.H, hd % p.H);
+        backward_begin_head<Elem>(args, buf, hd / p.H, hd % p.H);
       }
-      backward_key_tile(args, buf, hd / p.H, hd % p.H, n % n_kt);
+      backward_key_tile<Elem>(args, buf, hd / p.H, hd % p.H, n % n_kt);
     }
     finish_head();
   }
@@ -597,9 +661,13 @@ FlashConfig flash_resolved_config(const FlashConfig& config, const AttentionOpti
   return c;
 }
 
-void attention_flash_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
-                             const Tensor& out, const Tensor* lse, const FlashConfig& config) {
-  check_attention_shapes(q, k, v, out);
+namespace {
+
+// The forward and backward drivers, for inputs of element type T (see InputRows); shapes checked
+// by the caller.
+template <typename T>
+void flash_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
+                   const Tensor& out, const Tensor* lse, const FlashConfig& config) {
   const Problem p = make_problem(q, k, v, options, config, false);
   if (lse)
     CABM_CHECK(lse->dtype() == DType::F32 && lse->shape() == (Shape{p.B, p.H, p.N}) && lse->is_contiguous(),
@@ -613,12 +681,12 @@ void attention_flash_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < p.B; ++b) {
     for (int64_t h = 0; h < p.H; ++h) {
-      const HeadRows ks = head_rows(k, b, h), vs = head_rows(v, b, h);
+      const InputRows<T> ks = input_rows<T>(k, b, h), vs = input_rows<T>(v, b, h);
       float* kd = k_packed + (b * p.H + h) * p.M * p.d;
       float* vd = v_packed + (b * p.H + h) * p.M * p.dv;
       for (int64_t j = 0; j < p.M; ++j) {
-        std::copy_n(ks.row(j), p.d, kd + j * p.d);
-        std::copy_n(vs.row(j), p.dv, vd + j * p.dv);
+        widen_row(ks.row(j), p.d, kd + j * p.d);
+        widen_row(vs.row(j), p.dv, vd + j * p.dv);
       }
     }
   }
@@ -643,7 +711,7 @@ void attention_flash_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   {
     ForwardBuffers buf(p);
 #pragma omp for schedule(dynamic, 1)
-    for (size_t n = 0; n < items.size(); ++n) forward_query_tile(args, buf, items[n].b, items[n].h, items[n].qt);
+    for (size_t n = 0; n < items.size(); ++n) forward_query_tile<T>(args, buf, items[n].b, items[n].h, items[n].qt);
   }
 }
 
@@ -659,9 +727,9 @@ void attention_flash_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
 //    buffers in thread order after a barrier.
 // Either way dq is deterministic for a given thread count and costs no extra arithmetic, and the
 // memory is O(threads · N · d).
-void attention_flash_backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
-                              const AttentionGrads& grads, const FlashConfig& config) {
-  check_attention_backward_shapes(saved, dout, grads);
+template <typename Elem>
+void flash_backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
+                    const AttentionGrads& grads, const FlashConfig& config) {
   CABM_CHECK(saved.lse.defined(), "attention_flash_backward needs the forward's log-sum-exp (saved.lse)");
   const Problem p = make_problem(saved.q, saved.k, saved.v, options, config, true);
   const TileMask mask(options.mask, p.B, p.H, p.N, p.M);
@@ -688,15 +756,44 @@ void attention_flash_backward(const AttentionSaved& saved, const Tensor& dout, c
 #pragma omp for schedule(dynamic, 1)
       for (int64_t hd = 0; hd < heads; ++hd) {
         const int64_t b = hd / p.H, h = hd % p.H;
-        backward_begin_head(args, buf, b, h);
-        for (int64_t kt = 0; kt < n_kt; ++kt) backward_key_tile(args, buf, b, h, kt);
+        backward_begin_head<Elem>(args, buf, b, h);
+        for (int64_t kt = 0; kt < n_kt; ++kt) backward_key_tile<Elem>(args, buf, b, h, kt);
         write_dq_rows(buf.dq, buf.dp, head_rows(grads.dq, b, h), p.N, p.d);
       }
     } else {
-      backward_split_key_tiles(args, prefix, partials, t, T);
+      backward_split_key_tiles<Elem>(args, prefix, partials, t, T);
     }
   }
 }
 
+}  // namespace
+
+void attention_flash_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
+                             const Tensor& out, const Tensor* lse, const FlashConfig& config) {
+  check_attention_shapes(q, k, v, out);
+  flash_forward<float>(q, k, v, options, out, lse, config);
+}
+
+void attention_flash_backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
+                              const AttentionGrads& grads, const FlashConfig& config) {
+  check_attention_backward_shapes(saved, dout, grads);
+  flash_backward<float>(saved, dout, options, grads, config);
+}
+
+namespace detail {
+
+void attention_flash_bf16_forward_simd(const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const AttentionOptions& options, const Tensor& out, const Tensor* lse,
+                                       const FlashConfig& config) {
+  flash_forward<bf16>(q, k, v, options, out, lse, config);
+}
+
+void attention_flash_bf16_backward_simd(const AttentionSaved& saved, const Tensor& dout,
+                                        const AttentionOptions& options, const AttentionGrads& grads,
+                                        const FlashConfig& config) {
+  flash_backward<bf16>(saved, dout, options, grads, config);
+}
+
+}  // namespace detail
 
 }  // namespace cabm

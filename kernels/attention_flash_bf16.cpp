@@ -1,4 +1,5 @@
 #include "kernels/attention_flash_bf16.h"
+#include "kernels/attention_flash_detail.h"
 #include "kernels/tile_mask.h"
 
 #include "kernels/bf16.h"
@@ -400,23 +401,250 @@ void check_shapes(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
                             shape_str({B, N, H, dv})));
 }
 
+// ---------------------------------------------------------------------------------------------
+// Backward, portable path: FlashAttention-2's backward (Dao 2023, Algorithm 2) in scalar fp32 on
+// the head widened to fp32 (exact), one element (query i, key j) at a time. With s the scores in
+// base 2, z the dropout factor (keep/(1 − p) or 0, 1 without dropout) and bf16(·) the rounding to
+// the nearest bf16 value (the derivation of each gradient is in attention_reference.cpp):
+//
+//   P_ij  = exp2(s_ij − lse2_i)               fp32, from the forward's lse (no second softmax pass)
+//   dV_j += bf16(P_ij z_ij) · bf16(dO_i)
+//   dP_ij = z_ij · bf16(dO_i) · v_j
+//   dS_ij = P_ij (dP_ij − D_i),   D_i = dO_i · O_i in fp32
+//   dQ_i += scale · bf16(dS_ij) k_j,    dK_j += scale · bf16(dS_ij) q_i
+//
+// Key tiles in order, query tiles in order within each, tiles skipped where the mask blocks them
+// entirely. One work item is a whole (b, h), so every gradient element has one writer and a fixed
+// order of sums: the result is bitwise the same for any thread count.
+
+float round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
+
+// Row i of head (b, h) of an F32 [B, L, H, n] view.
+float* f32_row(const Tensor& t, int64_t b, int64_t i, int64_t h) {
+  return t.data<float>() + b * t.stride(0) + i * t.stride(1) + h * t.stride(2);
+}
+
+struct BackwardProblem {
+  int64_t B, N, H, M, d, dv;
+  int64_t block_q, block_k;
+  float scale, keep_scale;
+  bool dropout;
+};
+
+struct BackwardArgs {
+  const AttentionSaved& saved;
+  const Tensor& dout;
+  const AttentionGrads& grads;
+  const AttentionOptions& options;
+  const TileMask& mask;
+  const BackwardProblem& p;
+};
+
+// Per-thread buffers: the head widened to fp32 ([N][d], [M][d], [M][dv], dO as bf16 values [N][dv]),
+// lse2 and D per query row, dq accumulator [N][d], one key tile's dk, dv and one mask tile.
+struct BackwardBuffers {
+  std::vector<float> q, k, v, g, lse2, delta, dq, dk, dv, mask, z;
+  explicit BackwardBuffers(const BackwardProblem& p)
+      : q(static_cast<size_t>(p.N * p.d)),
+        k(static_cast<size_t>(p.M * p.d)),
+        v(static_cast<size_t>(p.M * p.dv)),
+        g(static_cast<size_t>(p.N * p.dv)),
+        lse2(static_cast<size_t>(p.N)),
+        delta(static_cast<size_t>(p.N)),
+        dq(static_cast<size_t>(p.N * p.d)),
+        dk(static_cast<size_t>(p.block_k * p.d)),
+        dv(static_cast<size_t>(p.block_k * p.dv)),
+        mask(static_cast<size_t>(p.block_q * p.block_k)),
+        z(static_cast<size_t>(p.block_k)) {}
+};
+
+void backward_head_portable(const BackwardArgs& args, BackwardBuffers& buf, int64_t b, int64_t h) {
+  const BackwardProblem& p = args.p;
+  const int64_t N = p.N, M = p.M, d = p.d, dv = p.dv;
+  const Tensor &q = args.saved.q, &k = args.saved.k, &v = args.saved.v, &o = args.saved.out;
+  bf16_to_float_2d(head_ptr(q, b, h), q.stride(1), buf.q.data(), d, N, d);
+  bf16_to_float_2d(head_ptr(k, b, h), k.stride(1), buf.k.data(), d, M, d);
+  bf16_to_float_2d(head_ptr(v, b, h), v.stride(1), buf.v.data(), dv, M, dv);
+  const float* lse = args.saved.lse.data<float>() + (b * p.H + h) * N;
+  for (int64_t i = 0; i < N; ++i) {
+    const float *gi = f32_row(args.dout, b, i, h), *oi = f32_row(o, b, i, h);
+    float dot = 0.0f;
+    for (int64_t c = 0; c < dv; ++c) {
+      buf.g[i * dv + c] = round_bf16(gi[c]);
+      dot += gi[c] * oi[c];
+    }
+    buf.delta[i] = dot;
+    buf.lse2[i] = lse[i] == -INFINITY ? INFINITY : lse[i] * kLog2e;  // +inf: P = 0 on fully masked rows
+  }
+  std::fill(buf.dq.begin(), buf.dq.end(), 0.0f);
+  const float qscale = p.scale * kLog2e;
+  const DropoutMatrix dropout(args.options, b, h, p.H, M);
+
+  for (int64_t j0 = 0; j0 < M; j0 += p.block_k) {
+    const int64_t nk = std::min(p.block_k, M - j0);
+    const Range keys{j0, j0 + nk};
+    std::fill_n(buf.dk.begin(), nk * d, 0.0f);
+    std::fill_n(buf.dv.begin(), nk * dv, 0.0f);
+    const Range query_range = args.mask.query_range(b, keys);
+    for (int64_t i0 = query_range.begin / p.block_q * p.block_q; i0 < query_range.end; i0 += p.block_q) {
+      const int64_t ni = std::min(p.block_q, N - i0);
+      const Range rows{i0, i0 + ni};
+      const TileKind kind = args.mask.classify(b, h, rows, keys);
+      if (kind == TileKind::kSkip) continue;
+      if (kind == TileKind::kPartial) args.mask.fill(b, h, rows, keys, kLog2e, buf.mask.data(), nk, 1);
+      for (int64_t r = 0; r < ni; ++r) {
+        const int64_t i = i0 + r;
+        const float* qi = buf.q.data() + i * d;
+        const float* gi = buf.g.data() + i * dv;
+        float* dqi = buf.dq.data() + i * d;
+        if (p.dropout) dropout.fill_row(i, j0, j0 + nk, p.keep_scale, buf.z.data(), 1);
+        for (int64_t c = 0; c < nk; ++c) {
+          const int64_t j = j0 + c;
+          const float* kj = buf.k.data() + j * d;
+          const float* vj = buf.v.data() + j * dv;
+          float score = 0.0f;
+          for (int64_t e = 0; e < d; ++e) score += qi[e] * kj[e];
+          const float bias = kind == TileKind::kPartial ? buf.mask[r * nk + c] : 0.0f;
+          // Recomputed scores may exceed lse by rounding: clamp, P <= 1.
+          const float prob = std::exp2(std::min(score * qscale + bias - buf.lse2[i], 0.0f));
+          if (prob == 0.0f) continue;  // masked (or underflowed): no gradient at all
+          const float z = p.dropout ? buf.z[c] : 1.0f;
+          float dprob = 0.0f;
+          for (int64_t e = 0; e < dv; ++e) dprob += gi[e] * vj[e];
+          dprob *= z;
+          const float pz = round_bf16(prob * z);
+          const float ds = round_bf16(prob * (dprob - buf.delta[i]));
+          float* dkj = buf.dk.data() + c * d;
+          float* dvj = buf.dv.data() + c * dv;
+          for (int64_t e = 0; e < dv; ++e) dvj[e] += pz * gi[e];
+          for (int64_t e = 0; e < d; ++e) {
+            dqi[e] += ds * kj[e];
+            dkj[e] += ds * qi[e];
+          }
+        }
+      }
+    }
+    for (int64_t c = 0; c < nk; ++c) {
+      float* dkrow = f32_row(args.grads.dk, b, j0 + c, h);
+      for (int64_t e = 0; e < d; ++e) dkrow[e] = buf.dk[c * d + e] * p.scale;
+      std::copy_n(buf.dv.begin() + c * dv, dv, f32_row(args.grads.dv, b, j0 + c, h));
+    }
+  }
+  for (int64_t i = 0; i < N; ++i) {
+    float* dqrow = f32_row(args.grads.dq, b, i, h);
+    for (int64_t e = 0; e < d; ++e) dqrow[e] = buf.dq[i * d + e] * p.scale;
+  }
+}
+
+void attention_flash_bf16_backward_portable(const AttentionSaved& saved, const Tensor& dout,
+                                            const AttentionOptions& options, const AttentionGrads& grads,
+                                            const FlashConfig& config) {
+  const FlashConfig tiles = flash_resolved_config(config, options, saved.q.size(3), true);
+  BackwardProblem p{};
+  p.B = saved.q.size(0), p.N = saved.q.size(1), p.H = saved.q.size(2), p.M = saved.k.size(1);
+  p.d = saved.q.size(3), p.dv = saved.v.size(3);
+  p.block_q = tiles.block_q, p.block_k = tiles.block_k;
+  p.scale = attention_scale(options, p.d);
+  p.keep_scale = 1.0f / (1.0f - options.dropout);
+  p.dropout = options.dropout > 0.0f;
+  const TileMask mask(options.mask, p.B, p.H, p.N, p.M);
+  const BackwardArgs args{saved, dout, grads, options, mask, p};
+#pragma omp parallel
+  {
+    BackwardBuffers buf(p);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t hd = 0; hd < p.B * p.H; ++hd) backward_head_portable(args, buf, hd / p.H, hd % p.H);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Path selection (see attention_flash_bf16.h).
+
+enum class Path { kPortable, kSimdFp32, kAvx512Bf16 };
+
+bool have_simd_fp32() { return std::strcmp(flash_isa(), "portable") != 0; }
+
+Path forward_path() {
+  if (bf16_active_isa() == Bf16Isa::kAvx512Bf16) return Path::kAvx512Bf16;
+  if (!bf16_portable_forced() && have_simd_fp32()) return Path::kSimdFp32;
+  return Path::kPortable;
+}
+
+Path backward_path() {
+  const Path path = forward_path();
+  // No vdpbf16ps backward (yet): AVX-512 BF16 CPUs take the fp32 SIMD tiles, which they have.
+  return path == Path::kAvx512Bf16 ? (have_simd_fp32() ? Path::kSimdFp32 : Path::kPortable) : path;
+}
+
+const char* path_name(Path path) {
+  switch (path) {
+    case Path::kAvx512Bf16:
+      return "avx512_bf16";
+    case Path::kSimdFp32:
+      return std::strcmp(flash_isa(), "avx512") == 0 ? "avx512_fp32" : "avx2_fp32";
+    case Path::kPortable:
+      break;
+  }
+  return "portable";
+}
+
+void check_backward_shapes(const AttentionSaved& saved, const Tensor& dout, const AttentionGrads& grads) {
+  check_shapes(saved.q, saved.k, saved.v, saved.out);
+  const auto check_like = [](const Tensor& t, const Shape& shape, const char* name) {
+    if (!t.defined() || t.dtype() != DType::F32 || t.shape() != shape || t.stride(3) != 1)
+      throw Error(fmt::format("attention_flash_bf16_backward: {} must be an F32 tensor of shape {} with unit last "
+                              "stride",
+                              name, shape_str(shape)));
+  };
+  check_like(dout, saved.out.shape(), "dout");
+  check_like(grads.dq, saved.q.shape(), "dq");
+  check_like(grads.dk, saved.k.shape(), "dk");
+  check_like(grads.dv, saved.v.shape(), "dv");
+  const Shape lse_shape{saved.q.size(0), saved.q.size(2), saved.q.size(1)};
+  if (!saved.lse.defined() || saved.lse.dtype() != DType::F32 || saved.lse.shape() != lse_shape ||
+      !saved.lse.is_contiguous())
+    throw Error(fmt::format("attention_flash_bf16_backward needs the forward's lse: a contiguous F32 {} tensor",
+                            shape_str(lse_shape)));
+}
+
 }  // namespace
 
-const char* attention_flash_bf16_path() { return bf16_path_name(); }
+const char* attention_flash_bf16_path() { return path_name(forward_path()); }
+const char* attention_flash_bf16_backward_path() { return path_name(backward_path()); }
+
+void attention_flash_bf16_backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
+                                   const AttentionGrads& grads, const FlashConfig& config) {
+  check_backward_shapes(saved, dout, grads);
+  CABM_CHECK(options.dropout >= 0.0f && options.dropout < 1.0f, "dropout {} outside [0, 1)", options.dropout);
+  if (saved.q.size(0) * saved.q.size(2) == 0) return;
+  if (backward_path() == Path::kSimdFp32) {
+    detail::attention_flash_bf16_backward_simd(saved, dout, options, grads, config);
+  } else {
+    attention_flash_bf16_backward_portable(saved, dout, options, grads, config);
+  }
+}
 
 void attention_flash_bf16_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
                                   const Tensor& out, const Tensor* lse, const FlashConfig& config) {
   check_shapes(q, k, v, out);
   CABM_CHECK(options.dropout >= 0.0f && options.dropout < 1.0f, "dropout {} outside [0, 1)", options.dropout);
+  // Tiles resolved once for every path: P is rounded relative to the running maximum of the tiles
+  // seen so far, so paths that tiled differently would round differently.
   FlashConfig tiles = flash_resolved_config(config, options, q.size(3), false);
+  tiles.block_k = round_up(tiles.block_k, kKeyBlock);
+  const Path path = forward_path();
+  if (path == Path::kSimdFp32) {
+    detail::attention_flash_bf16_forward_simd(q, k, v, options, out, lse, tiles);
+    return;
+  }
   Problem p{};
   p.B = q.size(0), p.N = q.size(1), p.H = q.size(2), p.M = k.size(1), p.d = q.size(3), p.dv = v.size(3);
   p.dp = round_up(p.d, 2), p.dvp = round_up(std::max<int64_t>(p.dv, 1), 16), p.Mp = round_up(p.M, kKeyBlock);
-  p.block_q = tiles.block_q, p.block_k = round_up(tiles.block_k, kKeyBlock);
+  p.block_q = tiles.block_q, p.block_k = tiles.block_k;
   p.qscale = attention_scale(options, p.d) * kLog2e;
   p.keep_scale = 1.0f / (1.0f - options.dropout);
   p.dropout = options.dropout > 0.0f;
-  p.avx512 = bf16_active_isa() == Bf16Isa::kAvx512Bf16;
+  p.avx512 = path == Path::kAvx512Bf16;
   if (lse)
     CABM_CHECK(lse->dtype() == DType::F32 && lse->shape() == (Shape{p.B, p.H, p.N}) && lse->is_contiguous(),
                "lse must be a contiguous F32 [B, H, N] tensor, got {}", shape_str(lse->shape()));

@@ -25,6 +25,10 @@ inline constexpr float kExp2Poly[6] = {1.535336188319500e-4f, 1.339887440266574e
                                        5.550332471162809e-2f, 2.402264791363012e-1f, 6.931472028550421e-1f};
 inline constexpr float kExp2Min = -126.0f;
 
+// round_to_bf16(x): x rounded to the nearest bf16 value, ties to even, kept in fp32 (the low 16
+// bits cleared): bit for bit bf16_to_float(float_to_bf16(x)) of core/dtype.h, NaN included (a quiet
+// NaN with the upper payload). Integer form: (u + 0x7fff + lsb) & 0xffff0000, lsb = bit 16 of u.
+
 #if defined(__AVX512F__)
 
 inline constexpr int kWidth = 16;
@@ -55,6 +59,16 @@ inline Vec exp2_nonpositive(Vec x) {
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
   const __mmask16 live = _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(kExp2Min), _CMP_GE_OQ);
   return {_mm512_maskz_scalef_ps(live, p, n)};
+}
+
+inline Vec round_to_bf16(Vec x) {
+  const __m512i u = _mm512_castps_si512(x.v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  const __m512i rounded = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), high);
+  const __m512i quiet = _mm512_and_si512(_mm512_or_si512(u, _mm512_set1_epi32(0x00400000)), high);
+  const __mmask16 nan = _mm512_cmp_ps_mask(x.v, x.v, _CMP_UNORD_Q);
+  return {_mm512_castsi512_ps(_mm512_mask_blend_epi32(nan, rounded, quiet))};
 }
 
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -89,6 +103,16 @@ inline Vec exp2_nonpositive(Vec x) {
   const __m256i bits = _mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23));
   const __m256 live = _mm256_cmp_ps(x.v, _mm256_set1_ps(kExp2Min), _CMP_GE_OQ);
   return {_mm256_and_ps(_mm256_castsi256_ps(bits), live)};
+}
+
+inline Vec round_to_bf16(Vec x) {
+  const __m256i u = _mm256_castps_si256(x.v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  const __m256i rounded = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), high);
+  const __m256i quiet = _mm256_and_si256(_mm256_or_si256(u, _mm256_set1_epi32(0x00400000)), high);
+  const __m256 nan = _mm256_cmp_ps(x.v, x.v, _CMP_UNORD_Q);
+  return {_mm256_blendv_ps(_mm256_castsi256_ps(rounded), _mm256_castsi256_ps(quiet), nan)};
 }
 
 #else
@@ -159,6 +183,17 @@ inline Vec exp2_nonpositive(Vec x) {
     float y;
     std::memcpy(&y, &bits, sizeof y);
     r.v[l] = x.v[l] >= kExp2Min ? y : 0.0f;
+  }
+  return r;
+}
+
+inline Vec round_to_bf16(Vec x) {
+  Vec r;
+  for (int l = 0; l < kWidth; ++l) {
+    uint32_t u;
+    std::memcpy(&u, &x.v[l], sizeof u);
+    u = x.v[l] != x.v[l] ? (u | 0x00400000u) & 0xffff0000u : (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    std::memcpy(&r.v[l], &u, sizeof u);
   }
   return r;
 }

@@ -39,8 +39,11 @@ bool detect_avx512_bf16() {
 }
 
 bool env_forces_portable() {
-  const char* value = std::getenv("CABM_FORCE_PORTABLE");
-  return value != nullptr && *value != '\0' && std::strcmp(value, "0") != 0;
+  static const bool forced = [] {
+    const char* value = std::getenv("CABM_FORCE_PORTABLE");
+    return value != nullptr && *value != '\0' && std::strcmp(value, "0") != 0;
+  }();
+  return forced;
 }
 
 std::atomic<int> g_override{static_cast<int>(Bf16Isa::kAuto)};
@@ -61,8 +64,12 @@ void set_bf16_isa_override(Bf16Isa isa) {
 Bf16Isa bf16_active_isa() {
   const auto isa = static_cast<Bf16Isa>(g_override.load(std::memory_order_relaxed));
   if (isa != Bf16Isa::kAuto) return isa;
-  static const bool portable = env_forces_portable();
-  return !portable && cpu_has_avx512_bf16() ? Bf16Isa::kAvx512Bf16 : Bf16Isa::kPortable;
+  return !env_forces_portable() && cpu_has_avx512_bf16() ? Bf16Isa::kAvx512Bf16 : Bf16Isa::kPortable;
+}
+
+bool bf16_portable_forced() {
+  const auto isa = static_cast<Bf16Isa>(g_override.load(std::memory_order_relaxed));
+  return isa == Bf16Isa::kAuto ? env_forces_portable() : isa == Bf16Isa::kPortable;
 }
 
 const char* bf16_path_name() {

@@ -31,6 +31,10 @@ void set_bf16_isa_override(Bf16Isa isa);
 Bf16Isa bf16_active_isa();
 // "avx512_bf16" or "portable": for `cabm bench` and benchmark labels.
 const char* bf16_path_name();
+// Whether the portable path is forced: set_bf16_isa_override(kPortable), or CABM_FORCE_PORTABLE=1
+// under kAuto. Kernels with a fast path for CPUs without avx512_bf16 (attention_flash_bf16's fp32
+// SIMD path) take it only when this is false, so that forced portable always means portable.
+bool bf16_portable_forced();
 
 // dst[i] = float_to_bf16(src[i]) bit for bit: round to nearest even, NaN stays NaN (quiet, sign
 // and upper payload kept), ±inf stays ±inf, overflow rounds to inf, fp32 subnormals round like

@@ -1,20 +1,45 @@
-// The bf16 flash forward against the fp32 reference attention run on the same bf16-rounded inputs:
-// odd sizes and tails, every mask kind, dropout, tile sizes, thread counts 1 and 2, both paths.
+// The bf16 flash kernels (forward and backward) against the fp32 reference attention run on the
+// same bf16-rounded inputs, and their paths (portable, fp32 SIMD tiles, AVX-512 BF16) against each
+// other: odd sizes and tails, every mask kind, dropout, tile sizes, strided heads, thread counts,
+// fully masked rows, very large logits.
 //
-// Tolerance. The inputs are exact in fp32 and bf16·bf16 products are exact in fp32, so the scores
-// carry only fp32 summation error, as in the fp32 kernel (Higham 2002, §3.1: γ_d·smax, smax bounding
-// |scale·q·k| + |bias|). The one bf16 rounding is P's before P·V: each weight is off by at most
-// u_bf16 = 2^-9 (half of bf16's epsilon 2^-8) relative, so an output row is off by at most
-// u_bf16 · Σ_j a_j |v_j| ≤ u_bf16 · keep · max|v| (keep = 1/(1 − dropout) bounds Σ_j a_j).
-// Added to that: the fp32 terms of the fp32 kernel's bound (scores, exp, sums over d, dv, M).
+// Tolerances (Higham 2002, §3.1 for the fp32 parts). u = 2^-24 (fp32), u_b = 2^-8 (bf16's unit
+// roundoff: 8 significant bits, half of its epsilon 2^-7). q, k, v hold bf16 values, exact in
+// fp32, and bf16·bf16 products are exact in fp32, so the scores carry only fp32 summation error. The fp32 part of every
+// bound is the fp32 flash test's: a relative bound rel = 2(2γ_d·smax + 2γ_dv + γ_max(N,M) + 8u)
+// applied to each tensor's magnitude (norm-wise), where smax bounds |scale·q·k| + |bias|. On top of
+// it, the bf16 roundings, each a relative error of at most u_b on one operand:
+//  - forward: P before P·V. o_i = Σ_j a_ij v_j with Σ_j a_ij ≤ keep = 1/(1 − dropout), so o is off
+//    by at most u_b·keep·max|v|;
+//  - dV_j = Σ_i a_ij dO_i with a and dO both rounded: (2u_b + u_b²)·max|dO|·max_j Σ_i a_ij (the
+//    column sums of the dropped-out weights, computed from the reference's weights);
+//  - dP_ij = z_ij·dO_i·v_j with dO rounded: u_b·C, C = keep·dv·max|dO|·max|v| (C also bounds |dP|
+//    and |D|); D_i = dO_i·O_i uses the bf16 forward's output: dv·max|dO|·(bound on o above);
+//    dS = P(dP − D) rounded: a further u_b·|dS| ≤ 2u_b·P·C. So |ΔdS_ij| ≤ P_ij·E with
+//    E = (1 + u_b)(u_b·C + dv·max|dO|·err_o) + 2u_b·C;
+//  - dQ_i = scale·Σ_j dS_ij k_j with Σ_j P_ij ≤ 1: scale·max|k|·E;
+//  - dK_j = scale·Σ_i dS_ij q_i: scale·max|q|·E·max_j Σ_i P_ij (column sums of the weights
+//    without dropout).
+// Paths against each other: the same roundings at the same points (the forward also with the same
+// tiles: P is rounded relative to the running maximum), so they differ by the fp32 parts, except
+// that a rounded operand whose two fp32 values straddle a bf16 rounding boundary goes different
+// ways: one bf16 ulp (2u_b relative) of one term. Two checks: every element within the fp32 part
+// plus one such flip of the largest term of its sum; and, where the fp32 bound is below u_b (not
+// for huge logits), the distance between the paths a small fraction of their distance to the fp32
+// reference (expect_same_roundings): the norm-wise fp32 bounds are too loose to notice a missing
+// rounding of dS, this check is not.
 #include "core/threads.h"
 #include "kernels/attention_flash_bf16.h"
 #include "kernels/attention_reference.h"
+#include "kernels/attention_simd.h"
 #include "kernels/bf16.h"
 #include "util/test_util.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -22,12 +47,19 @@ namespace cabm {
 namespace {
 
 constexpr double kU = 0x1p-24;
-constexpr double kUBf16 = 0x1p-9;
-double gamma_n(int64_t n) { return static_cast<double>(n) * kU / (1.0 - static_cast<double>(n) * kU); }
+constexpr double kUBf16 = 0x1p-8;
+double gamma_n(int64_t n) {
+  return static_cast<double>(n) * kU / (1.0 - static_cast<double>(n) * kU);
+}
 
 struct Dims {
   int64_t B, N, M, H, d, dv;
 };
+
+std::string describe(const Dims& s) {
+  return "B=" + std::to_string(s.B) + " N=" + std::to_string(s.N) + " M=" + std::to_string(s.M) +
+         " H=" + std::to_string(s.H) + " d=" + std::to_string(s.d) + " dv=" + std::to_string(s.dv);
+}
 
 double max_abs(const Tensor& t) {
   double m = 0;
@@ -41,15 +73,29 @@ double max_abs(const Tensor& t) {
 struct Heads {
   Tensor bf, f32;
 };
-Heads make_heads(int64_t B, int64_t L, int64_t H, int64_t d, uint64_t seed, bool strided) {
+Heads make_heads(int64_t B, int64_t L, int64_t H, int64_t d, uint64_t seed, bool strided, float range = 1.0f) {
   const Shape shape = strided ? Shape{B, L, 2, H, d + 1} : Shape{B, L, H, d};
-  Tensor x = test::random_tensor(shape, seed, -1.0f, 1.0f);
+  Tensor x = test::random_tensor(shape, seed, -range, range);
   Tensor xb = Tensor::empty(shape, DType::BF16);
   float_to_bf16(x.data<float>(), xb.data<bf16>(), x.numel());
   bf16_to_float(xb.data<bf16>(), x.data<float>(), x.numel());
   if (!strided) return {xb, x};
   auto view = [&](const Tensor& t) { return t.select(2, 1).narrow(3, 0, d); };
   return {view(xb), view(x)};
+}
+
+// q, k, v as bf16 (and their fp32 values) and dO (fp32, not bf16-representable: the kernel rounds it).
+struct Inputs {
+  Dims s;
+  Heads q, k, v;
+  Tensor g;
+};
+Inputs make_inputs(const Dims& s, uint64_t seed, bool strided, float qk_range = 1.0f) {
+  Tensor g = strided ? test::random_tensor({s.B, s.N, s.H, s.dv + 2}, seed + 3).narrow(3, 1, s.dv)
+                     : test::random_tensor({s.B, s.N, s.H, s.dv}, seed + 3);
+  return {s, make_heads(s.B, s.N, s.H, s.d, seed, strided, qk_range),
+          make_heads(s.B, s.M, s.H, s.d, seed + 1, strided, qk_range),
+          make_heads(s.B, s.M, s.H, s.dv, seed + 2, strided), g};
 }
 
 Tensor random_bool(const Shape& shape, uint64_t seed, float p_true) {
@@ -92,131 +138,559 @@ std::vector<MaskCase> mask_cases() {
          for (int64_t n = 0; n < bias.numel(); n += 7) bias.data<float>()[n] = -INFINITY;
          return Mask::additive(bias);
        }},
-      {"causal_and_padding", [](const Dims& s) { return Mask::causal() & Mask::key_padding({s.M, s.M / 2 + 1}); }},
+      {"causal_and_padding",
+       [](const Dims& s) {
+         return Mask::causal() & Mask::key_padding({s.M, s.M / 2 + 1});
+       }},
+      {"window_block_allow_additive",
+       [](const Dims& s) {
+         return Mask::sliding_window(30, 10) &
+                Mask::block_sparse({8, 8, random_bool({s.H, (s.N + 7) / 8, (s.M + 7) / 8}, 27, 0.7f)}) &
+                Mask::allow(random_bool({s.B, 1, s.N, s.M}, 28, 0.8f)) &
+                Mask::additive(test::random_tensor({s.N, s.M}, 29, -1.0f, 1.0f));
+       }},
   };
 }
 
-// Runs the bf16 kernel and the fp32 reference; checks out and lse against the bounds above.
-void check_case(const Dims& s, const AttentionOptions& options, const FlashConfig& config, bool strided,
-                const std::string& what) {
-  const Heads q = make_heads(s.B, s.N, s.H, s.d, 1, strided), k = make_heads(s.B, s.M, s.H, s.d, 2, strided);
-  const Heads v = make_heads(s.B, s.M, s.H, s.dv, 3, strided);
-  Tensor out = Tensor::full({s.B, s.N, s.H, s.dv}, NAN), ref = Tensor::zeros({s.B, s.N, s.H, s.dv});
-  Tensor lse = Tensor::full({s.B, s.H, s.N}, NAN), ref_lse = Tensor::zeros({s.B, s.H, s.N});
-  attention_flash_bf16_forward(q.bf, k.bf, v.bf, options, out, &lse, config);
-  attention_reference_forward(q.f32, k.f32, v.f32, options, ref, nullptr, &ref_lse);
+// --- paths ------------------------------------------------------------------------------------
 
-  double bias = 0;
-  for (const Tensor& t : options.mask.biases()) bias += max_abs(t);
-  const double smax = attention_scale(options, s.d) * static_cast<double>(s.d) * max_abs(q.f32) * max_abs(k.f32) + bias;
-  const double keep = 1.0 / (1.0 - options.dropout);
-  const double fp32_rel = 2.0 * (2.0 * gamma_n(s.d) * smax + 2.0 * gamma_n(s.dv) + gamma_n(std::max(s.N, s.M)) + 8.0 * kU);
-  const double out_tol = (kUBf16 * keep + fp32_rel * keep) * max_abs(v.f32);
-  SCOPED_TRACE(what);
-  EXPECT_CLOSE(out, ref, 0.0, out_tol);
-  // lse is computed from the unrounded fp32 weights: fp32 bounds only, absolute in the scores' units.
-  EXPECT_CLOSE(lse, ref_lse, 4.0 * kU, fp32_rel * (1.0 + smax));
-}
-
-std::string describe(const Dims& s) {
-  return "B=" + std::to_string(s.B) + " N=" + std::to_string(s.N) + " M=" + std::to_string(s.M) +
-         " H=" + std::to_string(s.H) + " d=" + std::to_string(s.d) + " dv=" + std::to_string(s.dv);
-}
-
-// Every test runs on the active path and, where the fast path exists, on the forced portable one.
-std::vector<Bf16Isa> paths() {
-  std::vector<Bf16Isa> out{Bf16Isa::kPortable};
-  if (cpu_has_avx512_bf16()) out.push_back(Bf16Isa::kAvx512Bf16);
-  return out;
-}
 struct ScopedIsa {
   explicit ScopedIsa(Bf16Isa isa) { set_bf16_isa_override(isa); }
   ~ScopedIsa() { set_bf16_isa_override(Bf16Isa::kAuto); }
 };
 
-TEST(AttentionFlashBf16, OddSizesTilesAndThreads) {
-  const std::vector<Dims> sizes = {{1, 1, 1, 1, 8, 8}, {2, 37, 53, 3, 17, 19}, {1, 70, 45, 2, 64, 64},
-                                   {2, 16, 100, 2, 32, 48}};
-  const std::vector<FlashConfig> configs = {{}, {7, 16}, {13, 20}};
-  for (Bf16Isa isa : paths()) {
-    ScopedIsa scoped_isa(isa);
-    for (int threads : {1, 2}) {
-      test::ScopedThreads scoped(threads);
-      for (const Dims& s : sizes)
-        for (const FlashConfig& c : configs)
-          for (bool strided : {false, true})
-            check_case(s, {}, c, strided,
-                       std::string(bf16_path_name()) + " threads " + std::to_string(threads) + " " + describe(s) +
-                           " tiles " + std::to_string(c.block_q) + "x" + std::to_string(c.block_k) +
-                           (strided ? " strided" : ""));
-    }
+// The settings that reach each distinct path at run time: forced portable, the automatic choice
+// (avx2_fp32 on a CPU without AVX-512 BF16 built with SIMD, unless CABM_FORCE_PORTABLE is set), and
+// AVX-512 BF16 where the CPU has it. `name` picks the forward's or the backward's path names.
+std::vector<Bf16Isa> paths(const char* (*name)()) {
+  std::vector<Bf16Isa> out;
+  std::vector<std::string> seen;
+  std::vector<Bf16Isa> candidates{Bf16Isa::kPortable, Bf16Isa::kAuto};
+  if (cpu_has_avx512_bf16()) candidates.push_back(Bf16Isa::kAvx512Bf16);
+  for (Bf16Isa isa : candidates) {
+    ScopedIsa scoped(isa);
+    if (std::find(seen.begin(), seen.end(), name()) != seen.end()) continue;
+    seen.emplace_back(name());
+    out.push_back(isa);
   }
+  return out;
+}
+std::vector<Bf16Isa> forward_paths() {
+  return paths(&attention_flash_bf16_path);
+}
+std::vector<Bf16Isa> backward_paths() {
+  return paths(&attention_flash_bf16_backward_path);
 }
 
-TEST(AttentionFlashBf16, EveryMaskKind) {
-  const Dims s{2, 41, 67, 2, 24, 24};
-  for (Bf16Isa isa : paths()) {
-    ScopedIsa scoped_isa(isa);
-    for (const MaskCase& mc : mask_cases()) {
-      for (const FlashConfig& c : {FlashConfig{}, FlashConfig{9, 16}}) {
-        AttentionOptions options;
-        options.mask = mc.make(s);
-        check_case(s, options, c, true, std::string(bf16_path_name()) + " mask " + mc.name);
+// --- running the kernels ----------------------------------------------------------------------
+
+struct Outcome {
+  Tensor out, lse;
+  AttentionGrads grads;
+};
+
+// The fp32 reference on the bf16 values.
+Outcome run_reference(const Inputs& in, const AttentionOptions& options, bool backward) {
+  const Dims& s = in.s;
+  Outcome r;
+  r.out = Tensor::zeros({s.B, s.N, s.H, s.dv});
+  r.lse = Tensor::zeros({s.B, s.H, s.N});
+  attention_reference_forward(in.q.f32, in.k.f32, in.v.f32, options, r.out, nullptr, &r.lse);
+  if (backward) {
+    r.grads = {Tensor::full(in.q.f32.shape(), NAN), Tensor::full(in.k.f32.shape(), NAN),
+               Tensor::full(in.v.f32.shape(), NAN)};
+    attention_reference_backward({in.q.f32, in.k.f32, in.v.f32, r.out, Tensor()}, in.g, options, r.grads);
+  }
+  return r;
+}
+
+// Gradients as head views of buffers full of NaN (dk and dv share one), as nn/ allocates them.
+AttentionGrads strided_grads(const Dims& s) {
+  const Tensor kv = Tensor::full({s.B, s.M, s.H, s.d + s.dv}, NAN);
+  return {Tensor::full({s.B, s.N, s.H, s.d + 1}, NAN).narrow(3, 0, s.d), kv.narrow(3, 0, s.d), kv.narrow(3, s.d, s.dv)};
+}
+
+void run_backward(const Inputs& in, const Outcome& saved, const AttentionOptions& options, const FlashConfig& config,
+                  Outcome& r) {
+  r.grads = strided_grads(in.s);
+  attention_flash_bf16_backward({in.q.bf, in.k.bf, in.v.bf, saved.out, saved.lse}, in.g, options, r.grads, config);
+}
+
+// The bf16 kernels on the current path; out is a strided view inside a wider buffer.
+Outcome run_bf16(const Inputs& in, const AttentionOptions& options, const FlashConfig& config, bool backward) {
+  const Dims& s = in.s;
+  Outcome r;
+  r.out = Tensor::full({s.B, s.N, s.H, s.dv + 3}, NAN).narrow(3, 1, s.dv);
+  r.lse = Tensor::full({s.B, s.H, s.N}, NAN);
+  attention_flash_bf16_forward(in.q.bf, in.k.bf, in.v.bf, options, r.out, &r.lse, config);
+  if (backward) run_backward(in, r, options, config, r);
+  return r;
+}
+
+// --- bounds -----------------------------------------------------------------------------------
+
+// What the bounds need from the exact weights (the reference's, as [B, H, N, M]): the largest
+// weight and the largest column sum, with dropout (a, the weights that meet V) and without (P).
+struct WeightStats {
+  double max_a = 0, max_p = 0, col_a = 0, col_p = 0;
+};
+WeightStats weight_stats(const Inputs& in, const AttentionOptions& options) {
+  const Dims& s = in.s;
+  WeightStats w;
+  for (bool dropped : {true, false}) {
+    AttentionOptions o = options;
+    if (!dropped) o.dropout = 0.0f;
+    Tensor out = Tensor::zeros({s.B, s.N, s.H, s.dv}), weights = Tensor::zeros({s.B, s.H, s.N, s.M});
+    attention_reference_forward(in.q.f32, in.k.f32, in.v.f32, o, out, &weights);
+    const float* a = weights.data<float>();
+    double max_weight = 0, max_col = 0;
+    for (int64_t bh = 0; bh < s.B * s.H; ++bh)
+      for (int64_t j = 0; j < s.M; ++j) {
+        double col = 0;
+        for (int64_t i = 0; i < s.N; ++i) {
+          const double x = a[(bh * s.N + i) * s.M + j];
+          col += x;
+          max_weight = std::max(max_weight, x);
+        }
+        max_col = std::max(max_col, col);
       }
+    (dropped ? w.max_a : w.max_p) = max_weight;
+    (dropped ? w.col_a : w.col_p) = max_col;
+  }
+  return w;
+}
+
+struct Bounds {
+  double rel;                      // fp32 relative bound
+  double smax;                     // bound on |scores|
+  double out, dq, dk, dv;          // against the reference (absolute)
+  double p_out, p_dq, p_dk, p_dv;  // path against path (absolute)
+};
+
+Bounds derive_bounds(const Inputs& in, const AttentionOptions& options, const Outcome& ref) {
+  const Dims& s = in.s;
+  const WeightStats w = weight_stats(in, options);
+  const double u = kUBf16, keep = 1.0 / (1.0 - options.dropout), scale = attention_scale(options, s.d);
+  const double qmax = max_abs(in.q.f32), kmax = max_abs(in.k.f32), vmax = max_abs(in.v.f32), gmax = max_abs(in.g);
+  const double dv = static_cast<double>(s.dv);
+  double bias = 0;
+  for (const Tensor& t : options.mask.biases()) bias += max_abs(t);
+  Bounds b{};
+  b.smax = scale * static_cast<double>(s.d) * qmax * kmax + bias;
+  b.rel = 2.0 * (2.0 * gamma_n(s.d) * b.smax + 2.0 * gamma_n(s.dv) + gamma_n(std::max(s.N, s.M)) + 8.0 * kU);
+  // fp32 magnitudes as in test_attention_flash.cpp (dS from dv-long dots; dK with column sums).
+  const double ds_mag = dv * gmax * vmax;
+  const double fp32_out = b.rel * keep * vmax;
+  const double fp32_dq = b.rel * std::max(max_abs(ref.grads.dq), scale * kmax * ds_mag);
+  const double fp32_dk = b.rel * std::max(max_abs(ref.grads.dk), scale * qmax * ds_mag * std::max(1.0, w.col_p));
+  const double fp32_dv = b.rel * std::max(max_abs(ref.grads.dv), gmax * std::max(1.0, w.col_a));
+
+  b.out = u * keep * vmax + fp32_out;
+  const double c = keep * dv * gmax * vmax;
+  const double e = (1.0 + u) * (u * c + dv * gmax * b.out) + 2.0 * u * c;
+  b.dv = (2.0 * u + u * u) * gmax * w.col_a + fp32_dv;
+  b.dq = scale * kmax * e + fp32_dq;
+  b.dk = scale * qmax * e * w.col_p + fp32_dk;
+
+  // One flip (2u relative) of the largest term: a·v, a·dO, scale·dS·k, scale·dS·q with |dS| ≤ 2·P·C.
+  b.p_out = fp32_out + 2.0 * u * w.max_a * vmax;
+  b.p_dv = fp32_dv + 2.0 * u * w.max_a * gmax;
+  b.p_dq = fp32_dq + 2.0 * u * scale * 2.0 * w.max_p * c * kmax;
+  b.p_dk = fp32_dk + 2.0 * u * scale * 2.0 * w.max_p * c * qmax;
+  return b;
+}
+
+// ‖a − b‖₂ over the finite elements.
+double distance(const Tensor& a, const Tensor& b) {
+  const std::vector<float> x = a.to_vector(), y = b.to_vector();
+  double sum = 0;
+  for (size_t n = 0; n < x.size(); ++n)
+    if (std::isfinite(x[n]) && std::isfinite(y[n])) sum += (static_cast<double>(x[n]) - y[n]) * (x[n] - y[n]);
+  return std::sqrt(sum);
+}
+
+// The paths round the same operands at the same points, so the bf16 rounding error (what separates
+// them from the fp32 reference) must cancel between them: their distance, fp32 noise and rare
+// flips, must be a small fraction of their distance to the reference. A path that skipped or added
+// one rounding would differ from the other by that rounding's share of the error, typically a third
+// or more of it with three roundings per gradient; we require less than kShare of it.
+constexpr double kShare = 0.1;
+void expect_same_roundings(const Tensor& path, const Tensor& portable, const Tensor& ref, const std::string& what) {
+  const double between = distance(path, portable), to_ref = distance(portable, ref);
+  EXPECT_LE(between, kShare * to_ref) << what;
+}
+
+void expect_within(const Tensor& actual, const Tensor& expected, double tol, const std::string& what) {
+  const auto cmp = test::compare(actual, expected, 0.0, tol);
+  EXPECT_TRUE(cmp.ok) << what << ": max |diff| " << cmp.max_abs_diff << " > tolerance " << tol << "; first mismatch "
+                      << cmp.first_bad;
+}
+
+struct Case {
+  Dims s;
+  AttentionOptions options;
+  FlashConfig config{};
+  bool strided = true;
+  uint64_t seed = 1;
+  float qk_range = 1.0f;
+};
+
+std::string describe(const Case& c) {
+  return describe(c.s) + " tiles " + std::to_string(c.config.block_q) + "x" + std::to_string(c.config.block_k) +
+         (c.strided ? " strided" : "") + (c.options.dropout > 0 ? " dropout" : "");
+}
+
+// Forward and backward on every path against the reference; every fast path against portable
+// (forward from the same inputs; backward from the same saved output and lse).
+void check_backward(const Case& c) {
+  SCOPED_TRACE(describe(c));
+  const Inputs in = make_inputs(c.s, c.seed, c.strided, c.qk_range);
+  const Outcome ref = run_reference(in, c.options, true);
+  const Bounds b = derive_bounds(in, c.options, ref);
+  Outcome portable;
+  for (Bf16Isa isa : backward_paths()) {
+    ScopedIsa scoped(isa);
+    const std::string path = std::string(attention_flash_bf16_path()) + "/" + attention_flash_bf16_backward_path();
+    const Outcome r = run_bf16(in, c.options, c.config, true);
+    expect_within(r.out, ref.out, b.out, path + " out");
+    EXPECT_CLOSE(r.lse, ref.lse, 4.0 * kU, b.rel * (1.0 + b.smax));
+    expect_within(r.grads.dq, ref.grads.dq, b.dq, path + " dq");
+    expect_within(r.grads.dk, ref.grads.dk, b.dk, path + " dk");
+    expect_within(r.grads.dv, ref.grads.dv, b.dv, path + " dv");
+    if (isa == Bf16Isa::kPortable) {
+      portable = r;
+      continue;
+    }
+    expect_within(r.out, portable.out, b.p_out, path + " out vs portable");
+    Outcome same_saved;
+    run_backward(in, portable, c.options, c.config, same_saved);
+    expect_within(same_saved.grads.dq, portable.grads.dq, b.p_dq, path + " dq vs portable");
+    expect_within(same_saved.grads.dk, portable.grads.dk, b.p_dk, path + " dk vs portable");
+    expect_within(same_saved.grads.dv, portable.grads.dv, b.p_dv, path + " dv vs portable");
+    if (b.rel < kUBf16) {  // else fp32 errors (huge logits) may outweigh the bf16 roundings
+      expect_same_roundings(r.out, portable.out, ref.out, path + " out");
+      expect_same_roundings(same_saved.grads.dq, portable.grads.dq, ref.grads.dq, path + " dq");
+      expect_same_roundings(same_saved.grads.dk, portable.grads.dk, ref.grads.dk, path + " dk");
+      expect_same_roundings(same_saved.grads.dv, portable.grads.dv, ref.grads.dv, path + " dv");
     }
   }
 }
 
-TEST(AttentionFlashBf16, FullyMaskedRowsGiveZeroAndMinusInfLse) {
+// --- forward ----------------------------------------------------------------------------------
+
+// The forward alone (as before the backward existed), on every forward path.
+void check_forward(const Case& c) {
+  SCOPED_TRACE(describe(c));
+  const Inputs in = make_inputs(c.s, c.seed, c.strided, c.qk_range);
+  const Outcome ref = run_reference(in, c.options, false);
+  const WeightStats w = weight_stats(in, c.options);
+  const double keep = 1.0 / (1.0 - c.options.dropout), vmax = max_abs(in.v.f32);
+  double bias = 0;
+  for (const Tensor& t : c.options.mask.biases()) bias += max_abs(t);
+  const double smax =
+      attention_scale(c.options, c.s.d) * static_cast<double>(c.s.d) * max_abs(in.q.f32) * max_abs(in.k.f32) + bias;
+  const double rel =
+      2.0 * (2.0 * gamma_n(c.s.d) * smax + 2.0 * gamma_n(c.s.dv) + gamma_n(std::max(c.s.N, c.s.M)) + 8.0 * kU);
+  Outcome portable;
+  for (Bf16Isa isa : forward_paths()) {
+    ScopedIsa scoped(isa);
+    const std::string path = attention_flash_bf16_path();
+    const Outcome r = run_bf16(in, c.options, c.config, false);
+    expect_within(r.out, ref.out, (kUBf16 + rel) * keep * vmax, path + " out");
+    // lse is computed from the unrounded fp32 weights: fp32 bounds only, absolute in the scores' units.
+    EXPECT_CLOSE(r.lse, ref.lse, 4.0 * kU, rel * (1.0 + smax));
+    if (isa == Bf16Isa::kPortable) {
+      portable = r;
+    } else {
+      expect_within(r.out, portable.out, rel * keep * vmax + 2.0 * kUBf16 * w.max_a * vmax, path + " out vs portable");
+      EXPECT_CLOSE(r.lse, portable.lse, 4.0 * kU, rel * (1.0 + smax));
+    }
+  }
+}
+
+TEST(AttentionFlashBf16, ForwardOddSizesTilesAndThreads) {
+  const std::vector<Dims> sizes = {
+      {1, 1, 1, 1, 8, 8}, {2, 37, 53, 3, 17, 19}, {1, 70, 45, 2, 64, 64}, {2, 16, 100, 2, 32, 48}};
+  for (int threads : {1, 2}) {
+    test::ScopedThreads scoped(threads);
+    for (const Dims& s : sizes)
+      for (const FlashConfig& config : {FlashConfig{}, FlashConfig{7, 16}, FlashConfig{13, 20}})
+        for (bool strided : {false, true}) {
+          SCOPED_TRACE("threads " + std::to_string(threads));
+          check_forward({s, {}, config, strided});
+        }
+  }
+}
+
+TEST(AttentionFlashBf16, ForwardEveryMaskKind) {
+  const Dims s{2, 41, 67, 2, 24, 24};
+  for (const MaskCase& mc : mask_cases())
+    for (const FlashConfig& config : {FlashConfig{}, FlashConfig{9, 16}}) {
+      SCOPED_TRACE("mask " + mc.name);
+      Case c{s, {}, config};
+      c.options.mask = mc.make(s);
+      check_forward(c);
+    }
+}
+
+TEST(AttentionFlashBf16, ForwardDropoutMatchesReferenceDecisions) {
+  Case c{{1, 33, 40, 2, 16, 16}, {}, {}, false};
+  c.options.dropout = 0.3f;
+  c.options.dropout_seed = 99;
+  c.options.dropout_offset = 4;
+  check_forward(c);
+  c.options.mask = Mask::causal();
+  c.config = {8, 16};
+  c.strided = true;
+  check_forward(c);
+}
+
+TEST(AttentionFlashBf16, ForwardFullyMaskedRowsGiveZeroAndMinusInfLse) {
   const Dims s{2, 9, 11, 1, 8, 8};
   AttentionOptions options;
   options.mask = Mask::key_padding({11, 0});
-  const Heads q = make_heads(s.B, s.N, s.H, s.d, 5, false), k = make_heads(s.B, s.M, s.H, s.d, 6, false);
-  const Heads v = make_heads(s.B, s.M, s.H, s.dv, 7, false);
-  Tensor out = Tensor::full({s.B, s.N, s.H, s.dv}, NAN), lse = Tensor::full({s.B, s.H, s.N}, NAN);
-  attention_flash_bf16_forward(q.bf, k.bf, v.bf, options, out, &lse);
-  for (int64_t i = 0; i < s.N; ++i) {
-    EXPECT_EQ(lse.at({1, 0, i}), -INFINITY);
-    for (int64_t c = 0; c < s.dv; ++c) EXPECT_EQ(out.at({1, i, 0, c}), 0.0f);
+  const Inputs in = make_inputs(s, 5, false);
+  for (Bf16Isa isa : forward_paths()) {
+    ScopedIsa scoped(isa);
+    SCOPED_TRACE(attention_flash_bf16_path());
+    const Outcome r = run_bf16(in, options, {}, false);
+    for (int64_t i = 0; i < s.N; ++i) {
+      EXPECT_EQ(r.lse.at({1, 0, i}), -INFINITY);
+      for (int64_t c = 0; c < s.dv; ++c) EXPECT_EQ(r.out.at({1, i, 0, c}), 0.0f);
+    }
   }
 }
 
-TEST(AttentionFlashBf16, DropoutMatchesReferenceDecisions) {
-  const Dims s{1, 33, 40, 2, 16, 16};
-  for (Bf16Isa isa : paths()) {
-    ScopedIsa scoped_isa(isa);
+// --- backward ---------------------------------------------------------------------------------
+
+// A sample of N, M ∈ {1, 2, 17, 63, 64, 65, 127, 129, 257} × d ∈ {1, 8, 32, 64, 80, 128} in which
+// every value of each appears; dv ≠ d in most. Even cases add a causal mask and odd tiles, every
+// third dropout; the reference (scalar, N×M) is what limits the sizes.
+struct SizeCase {
+  int64_t N, M, d, dv;
+};
+const std::vector<SizeCase>& size_cases() {
+  static const std::vector<SizeCase> cases = {
+      {1, 1, 1, 3},       {2, 1, 8, 8},    {1, 17, 32, 16},    {17, 2, 64, 40},    {63, 64, 80, 48},
+      {64, 63, 128, 64},  {65, 65, 8, 24}, {127, 129, 32, 32}, {129, 127, 1, 5},   {257, 65, 80, 64},
+      {65, 257, 128, 96}, {2, 2, 80, 80},  {63, 63, 64, 1},    {257, 257, 64, 64},
+  };
+  return cases;
+}
+
+class BackwardSizes : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(BackwardSizes, MatchesReferenceOnEveryPath) {
+  const SizeCase sc = size_cases()[GetParam()];
+  const int64_t heads = sc.N * sc.M * sc.d > 2'000'000 ? 1 : 2;
+  Case c{{heads, sc.N, sc.M, heads, sc.d, sc.dv}, {}};
+  c.seed = 10 + GetParam();
+  if (GetParam() % 2 == 0) {
+    c.options.mask = Mask::causal();
+    c.config = {13, 20};
+    c.strided = false;
+  }
+  if (GetParam() % 3 == 0) {
+    c.options.dropout = 0.2f;
+    c.options.dropout_seed = GetParam();
+  }
+  check_backward(c);
+}
+INSTANTIATE_TEST_SUITE_P(Sample, BackwardSizes, ::testing::Range<size_t>(0, size_cases().size()), [](const auto& info) {
+  const SizeCase c = size_cases()[info.param];
+  return "N" + std::to_string(c.N) + "_M" + std::to_string(c.M) + "_d" + std::to_string(c.d) + "_dv" +
+         std::to_string(c.dv);
+});
+
+class BackwardMasks : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(BackwardMasks, MatchesReferenceOnEveryPath) {
+  const MaskCase mc = mask_cases()[GetParam()];
+  const Dims s{2, 41, 67, 2, 24, 16};
+  for (const FlashConfig& config : {FlashConfig{}, FlashConfig{9, 13}}) {
+    Case c{s, {}, config};
+    c.options.mask = mc.make(s);
+    c.seed = 100 + GetParam();
+    check_backward(c);
+  }
+}
+INSTANTIATE_TEST_SUITE_P(All, BackwardMasks, ::testing::Range<size_t>(0, mask_cases().size()),
+                         [](const auto& info) { return mask_cases()[info.param].name; });
+
+TEST(AttentionFlashBf16Backward, DropoutWithMasks) {
+  for (float p : {0.1f, 0.5f}) {
+    Case c{{2, 77, 91, 2, 24, 32}, {}, {32, 16}};
+    c.options.dropout = p;
+    c.options.dropout_seed = 5;
+    c.options.dropout_offset = 3;
+    c.options.mask = Mask::causal() & Mask::key_padding({91, 40});
+    check_backward(c);
+    c.options.mask = Mask::sliding_window(10, 10);
+    c.config = {};
+    check_backward(c);
+  }
+}
+
+TEST(AttentionFlashBf16Backward, TileSizes) {
+  for (const FlashConfig& config : {FlashConfig{1, 1}, FlashConfig{3, 5}, FlashConfig{7, 16}, FlashConfig{13, 20},
+                                    FlashConfig{200, 7}, FlashConfig{7, 200}}) {
+    Case c{{2, 100, 90, 2, 20, 12}, {}, config};
+    c.options.mask = Mask::causal() & Mask::key_padding({90, 47});
+    check_backward(c);
+  }
+}
+
+TEST(AttentionFlashBf16Backward, ThreadCounts) {
+  // One head (the fp32 SIMD path splits its key tiles between threads and sums dq partials) and
+  // three (whole heads per thread). Equal thread counts give equal bits; the portable path and
+  // dk, dv (one writer per key tile) are bitwise independent of the thread count; dq of the SIMD
+  // path may differ between 1 and 2 threads by the order of a few fp32 additions.
+  for (const Dims& s : {Dims{1, 300, 300, 1, 32, 32}, Dims{1, 130, 200, 3, 16, 8}}) {
+    SCOPED_TRACE(describe(s));
     AttentionOptions options;
-    options.dropout = 0.3f;
-    options.dropout_seed = 99;
-    options.dropout_offset = 4;
-    check_case(s, options, {}, false, std::string(bf16_path_name()) + " dropout");
     options.mask = Mask::causal();
-    check_case(s, options, {8, 16}, true, std::string(bf16_path_name()) + " dropout causal");
+    const Inputs in = make_inputs(s, 1, true);
+    const Outcome ref = run_reference(in, options, true);
+    const Bounds b = derive_bounds(in, options, ref);
+    for (Bf16Isa isa : backward_paths()) {
+      ScopedIsa scoped(isa);
+      SCOPED_TRACE(attention_flash_bf16_backward_path());
+      Outcome runs[2][2];
+      for (int threads : {1, 2}) {
+        test::ScopedThreads scoped_threads(threads);
+        for (Outcome& r : runs[threads - 1]) r = run_bf16(in, options, {32, 32}, true);
+      }
+      for (const auto& pair : runs) {
+        EXPECT_EQ(pair[0].out.to_vector(), pair[1].out.to_vector());
+        EXPECT_EQ(pair[0].grads.dq.to_vector(), pair[1].grads.dq.to_vector());
+        EXPECT_EQ(pair[0].grads.dk.to_vector(), pair[1].grads.dk.to_vector());
+        EXPECT_EQ(pair[0].grads.dv.to_vector(), pair[1].grads.dv.to_vector());
+      }
+      const Outcome &one = runs[0][0], &two = runs[1][0];
+      EXPECT_EQ(one.out.to_vector(), two.out.to_vector());
+      EXPECT_EQ(one.grads.dk.to_vector(), two.grads.dk.to_vector());
+      EXPECT_EQ(one.grads.dv.to_vector(), two.grads.dv.to_vector());
+      if (isa == Bf16Isa::kPortable) {
+        EXPECT_EQ(one.grads.dq.to_vector(), two.grads.dq.to_vector());
+      }
+      expect_within(two.grads.dq, one.grads.dq, b.p_dq, "dq 2 threads vs 1");
+      expect_within(two.grads.dq, ref.grads.dq, b.dq, "dq vs reference");
+    }
   }
 }
 
-TEST(AttentionFlashBf16, ThreadCountDoesNotChangeResult) {
-  // Work is split by query tile, each tile computed by one thread in a fixed order: bitwise equal.
-  const Dims s{1, 100, 90, 3, 32, 32};
-  const Heads q = make_heads(s.B, s.N, s.H, s.d, 8, true), k = make_heads(s.B, s.M, s.H, s.d, 9, true);
-  const Heads v = make_heads(s.B, s.M, s.H, s.dv, 10, true);
+TEST(AttentionFlashBf16Backward, FullyMaskedRowsAndKeysGiveZeros) {
+  // Bottom-right causal with N > M: queries 0..29 see no key; item 1 has no keys at all. Keys
+  // 35..39 of item 0 are padding, so no query sees them.
+  const Dims s{2, 70, 40, 2, 8, 8};
   AttentionOptions options;
-  options.mask = Mask::causal();
-  Tensor one = Tensor::zeros({s.B, s.N, s.H, s.dv}), two = Tensor::zeros({s.B, s.N, s.H, s.dv});
-  {
-    test::ScopedThreads scoped(1);
-    attention_flash_bf16_forward(q.bf, k.bf, v.bf, options, one);
+  options.mask = Mask::causal() & Mask::key_padding({35, 0});
+  const Inputs in = make_inputs(s, 1, true);
+  for (Bf16Isa isa : backward_paths()) {
+    ScopedIsa scoped(isa);
+    SCOPED_TRACE(attention_flash_bf16_backward_path());
+    const Outcome r = run_bf16(in, options, {16, 16}, true);
+    for (int64_t b = 0; b < s.B; ++b)
+      for (int64_t h = 0; h < s.H; ++h) {
+        for (int64_t i = 0; i < s.N; ++i) {
+          if (b == 0 && i >= 30) continue;
+          EXPECT_EQ(r.lse.at({b, h, i}), -INFINITY);
+          for (int64_t c = 0; c < s.dv; ++c) ASSERT_EQ(r.out.at({b, i, h, c}), 0.0f) << b << " " << i;
+          for (int64_t c = 0; c < s.d; ++c) ASSERT_EQ(r.grads.dq.at({b, i, h, c}), 0.0f) << b << " " << i;
+        }
+        for (int64_t j = 0; j < s.M; ++j) {
+          if (b == 0 && j < 35) continue;
+          for (int64_t c = 0; c < s.d; ++c) ASSERT_EQ(r.grads.dk.at({b, j, h, c}), 0.0f);
+          for (int64_t c = 0; c < s.dv; ++c) ASSERT_EQ(r.grads.dv.at({b, j, h, c}), 0.0f);
+        }
+      }
   }
-  {
-    test::ScopedThreads scoped(2);
-    attention_flash_bf16_forward(q.bf, k.bf, v.bf, options, two);
-  }
-  EXPECT_CLOSE(two, one, 0.0, 0.0);
+  check_backward({s, options, {16, 16}});
 }
+
+TEST(AttentionFlashBf16Backward, VeryLargeLogits) {
+  // Scaled scores up to ±1.4·10^4 (|q|, |k| <= 30, d = 64, scale 1/8): exp overflows unless every
+  // exponent is relative to the running maximum (forward) or to lse (backward); nearly one-hot
+  // softmax, where the bf16 rounding of P ≈ 1 matters most.
+  for (const Mask& mask : {Mask(), Mask::causal()}) {
+    Case c{{1, 150, 140, 2, 64, 32}, {}, {32, 32}};
+    c.options.mask = mask;
+    c.qk_range = 30.0f;
+    c.seed = 7;
+    check_backward(c);
+  }
+}
+
+TEST(AttentionFlashBf16Backward, ExplicitScaleAndSingleKey) {
+  Case c{{1, 50, 60, 2, 16, 16}, {}};
+  c.options.scale = 0.9f;
+  check_backward(c);
+  for (int64_t N : {1, 9, 70}) {
+    Case one{{2, N, 1, 2, 16, 16}, {}};
+    check_backward(one);
+    one.options.mask = Mask::key_padding({1, 0});
+    check_backward(one);
+  }
+}
+
+TEST(AttentionFlashBf16Backward, RejectsBadArguments) {
+  const Inputs in = make_inputs({1, 4, 5, 1, 8, 8}, 1, false);
+  Tensor out = Tensor::zeros({1, 4, 1, 8}), lse = Tensor::zeros({1, 1, 4});
+  AttentionGrads grads{Tensor::zeros({1, 4, 1, 8}), Tensor::zeros({1, 5, 1, 8}), Tensor::zeros({1, 5, 1, 8})};
+  // No lse; F32 inputs; BF16 gradients; wrong dout shape.
+  EXPECT_THROW(attention_flash_bf16_backward({in.q.bf, in.k.bf, in.v.bf, out, Tensor()}, out, {}, grads), Error);
+  EXPECT_THROW(attention_flash_bf16_backward({in.q.f32, in.k.f32, in.v.f32, out, lse}, out, {}, grads), Error);
+  const AttentionGrads bf16_grads{in.q.bf, in.k.bf, in.v.bf};
+  EXPECT_THROW(attention_flash_bf16_backward({in.q.bf, in.k.bf, in.v.bf, out, lse}, out, {}, bf16_grads), Error);
+  EXPECT_THROW(
+      attention_flash_bf16_backward({in.q.bf, in.k.bf, in.v.bf, out, lse}, Tensor::zeros({1, 4, 1, 7}), {}, grads),
+      Error);
+}
+
+// --- pieces -----------------------------------------------------------------------------------
 
 TEST(AttentionFlashBf16, RejectsF32Inputs) {
   Tensor q = Tensor::zeros({1, 4, 1, 8}), out = Tensor::zeros({1, 4, 1, 8});
   EXPECT_THROW(attention_flash_bf16_forward(q, q, q, {}, out), Error);
+}
+
+TEST(AttentionFlashBf16, PathNames) {
+  {
+    ScopedIsa scoped(Bf16Isa::kPortable);
+    EXPECT_STREQ(attention_flash_bf16_path(), "portable");
+    EXPECT_STREQ(attention_flash_bf16_backward_path(), "portable");
+  }
+  const std::string simd = std::string(flash_isa()) + "_fp32";
+  if (cpu_has_avx512_bf16()) {
+    ScopedIsa scoped(Bf16Isa::kAvx512Bf16);
+    EXPECT_STREQ(attention_flash_bf16_path(), "avx512_bf16");
+  } else if (!bf16_portable_forced() && std::string(flash_isa()) != "portable") {
+    EXPECT_EQ(attention_flash_bf16_path(), simd);
+    EXPECT_EQ(attention_flash_bf16_backward_path(), simd);
+  }
+}
+
+// simd::round_to_bf16 is float_to_bf16 then back, bit for bit: special values and random bits.
+TEST(AttentionFlashBf16, SimdRoundToBf16MatchesScalar) {
+  std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u,
+                                0xff812345u, 0x7f7fffffu, 0x7f7f8000u, 0x00000001u, 0x00008000u, 0x00018000u,
+                                0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x3f80ffffu, 0x807fffffu};
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  while (bits.size() < 4096) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    bits.push_back(static_cast<uint32_t>(x >> 32));
+  }
+  std::vector<float> in(bits.size()), out(bits.size());
+  std::memcpy(in.data(), bits.data(), bits.size() * 4);
+  for (size_t n = 0; n + simd::kWidth <= in.size(); n += simd::kWidth)
+    simd::store(&out[n], simd::round_to_bf16(simd::load(&in[n])));
+  for (size_t n = 0; n < in.size(); ++n) {
+    const float expected = bf16_to_float(float_to_bf16(in[n]));
+    uint32_t a, e;
+    std::memcpy(&a, &out[n], 4);
+    std::memcpy(&e, &expected, 4);
+    ASSERT_EQ(a, e) << std::hex << bits[n];
+  }
 }
 
 }  // namespace
