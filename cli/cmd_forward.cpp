@@ -6,6 +6,7 @@
 #include "core/threads.h"
 #include "io/pytorch_modules.h"
 #include "io/safetensors.h"
+#include "nn/mixed_precision.h"
 
 #include <fmt/format.h>
 
@@ -21,6 +22,7 @@ struct ForwardArgs {
   std::string model;
   std::string input;
   std::string output;
+  std::string precision = "fp32";
   int threads = 0;
 };
 
@@ -86,10 +88,12 @@ Mask encoder_mask(const SafetensorsFile& in, int64_t B, int64_t H, int64_t N) {
   return mask;
 }
 
-std::map<std::string, Tensor> run_encoder(const SafetensorsFile& model, const SafetensorsFile& in, bool single_layer) {
+std::map<std::string, Tensor> run_encoder(const SafetensorsFile& model, const SafetensorsFile& in, bool single_layer,
+                                          Precision precision) {
   std::map<std::string, Tensor> out;
   if (single_layer) {
-    const EncoderLayer layer = encoder_layer_from_state_dict(model, "");
+    EncoderLayer layer = encoder_layer_from_state_dict(model, "");
+    set_precision(layer, precision);
     const Tensor src = input_activation(in, "src", layer.config.d_model);
     const int64_t B = src.size(0), N = src.size(1);
     const Mask mask = encoder_mask(in, B, layer.config.nhead, N);
@@ -97,7 +101,8 @@ std::map<std::string, Tensor> run_encoder(const SafetensorsFile& model, const Sa
     out["output"] = encoder_layer_forward(layer, src, mask, cache);
     zero_rows(out["output"], fully_masked_query_rows(mask, B, layer.config.nhead, N, N));
   } else {
-    const Encoder encoder = encoder_from_state_dict(model);
+    Encoder encoder = encoder_from_state_dict(model);
+    set_precision(encoder, precision);
     const EncoderLayerConfig& config = encoder.layers[0].config;
     const Tensor src = input_activation(in, "src", config.d_model);
     const int64_t B = src.size(0), N = src.size(1);
@@ -111,9 +116,11 @@ std::map<std::string, Tensor> run_encoder(const SafetensorsFile& model, const Sa
   return out;
 }
 
-std::map<std::string, Tensor> run_attention(const SafetensorsFile& model, const SafetensorsFile& in) {
+std::map<std::string, Tensor> run_attention(const SafetensorsFile& model, const SafetensorsFile& in,
+                                            Precision precision) {
   const MetadataReader model_meta{model}, in_meta{in};
-  const MultiHeadAttention mha = multi_head_attention_from_state_dict(model, "", model_meta.get_int("nhead"));
+  MultiHeadAttention mha = multi_head_attention_from_state_dict(model, "", model_meta.get_int("nhead"));
+  set_precision(mha, precision);
   AttentionInputs inputs;
   inputs.query = input_activation(in, "query", mha.embed_dim());
   inputs.key = input_activation(in, "key", mha.config.kdim);
@@ -147,12 +154,13 @@ std::map<std::string, Tensor> run_attention(const SafetensorsFile& model, const 
 
 void run_forward(const ForwardArgs& args) {
   if (args.threads > 0) set_num_threads(args.threads);
+  const Precision precision = parse_precision(args.precision);
   const SafetensorsFile model = read_safetensors(args.model);
   const SafetensorsFile in = read_safetensors(args.input);
   const ModuleKind kind = module_kind(model);
   const std::map<std::string, Tensor> out = kind == ModuleKind::kMultiheadAttention
-                                                ? run_attention(model, in)
-                                                : run_encoder(model, in, kind == ModuleKind::kEncoderLayer);
+                                                ? run_attention(model, in, precision)
+                                                : run_encoder(model, in, kind == ModuleKind::kEncoderLayer, precision);
   write_safetensors(args.output, out);
 }
 
@@ -168,6 +176,9 @@ void register_forward(CLI::App& app) {
   cmd->add_option("--output", args->output, "safetensors file to write: output (and attn_weights)")->required();
   cmd->add_option("--threads", args->threads, "threads (default: CABM_NUM_THREADS or all cores)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--precision", args->precision,
+                  "fp32 (default: PyTorch's numbers) or bf16: weights rounded to bf16 copies, bf16 matrix products "
+                  "and attention with fp32 accumulation (need_weights: fp32 reference on bf16-rounded Q, K, V)");
   cmd->callback([args] { run_forward(*args); });
 }
 

@@ -7,6 +7,7 @@
 #include "io/state_dict.h"
 #include "io/tokenizer.h"
 #include "nn/causal_lm.h"
+#include "nn/mixed_precision.h"
 #include "nn/parameters.h"
 #include "train/checkpoint.h"
 #include "train/generate.h"
@@ -20,7 +21,7 @@ namespace cabm::cli {
 namespace {
 
 struct GenerateFlags {
-  std::string checkpoint, prompt;
+  std::string checkpoint, prompt, precision = "fp32";
   int64_t tokens = 500;
   float temperature = 0.8f;
   int64_t top_k = 0;
@@ -45,6 +46,8 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--top-k", f->top_k, "sample among the k most likely bytes only; 0 = all (default 0)");
   cmd->add_option("--seed", f->seed, "sampling seed (default 1)");
   f->threads_option = cmd->add_option("--threads", f->threads, "threads (default: CABM_NUM_THREADS or all cores)");
+  cmd->add_option("--precision", f->precision,
+                  "fp32 (default) or bf16: bf16 weight copies and matrix products, bf16 KV cache (half the memory)");
 
   cmd->callback([f] {
     if (f->threads_option->count() > 0) {
@@ -54,8 +57,10 @@ void register_generate(CLI::App& app) {
     if (f->tokens < 0) throw Error(fmt::format("--tokens must be >= 0, got {}", f->tokens));
     if (!(f->temperature >= 0.0f)) throw Error(fmt::format("--temperature must be >= 0, got {}", f->temperature));
     if (f->top_k < 0) throw Error(fmt::format("--top-k must be >= 0, got {}", f->top_k));
+    const Precision precision = parse_precision(f->precision);
     const LoadedCheckpoint checkpoint = load_checkpoint(f->checkpoint, false);
-    const CausalLM model = load_causal_lm(checkpoint.model);
+    CausalLM model = load_causal_lm(checkpoint.model);
+    set_precision(model, precision);
 
     std::string prompt;
     const bool user_prompt = f->prompt_option->count() > 0 && !f->prompt.empty();

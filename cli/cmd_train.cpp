@@ -38,7 +38,7 @@ bool changeable_on_resume(const std::string& key) {
 }
 
 struct Flags {
-  std::string task = "lm", out, init, data, schedule;
+  std::string task = "lm", out, init, data, schedule, precision;
   int64_t steps = 0, batch_size = 0, seq_len = 0, layers = 0, heads = 0, d_model = 0, d_ff = 0, warmup = 0, accum = 0,
           eval_interval = 0, eval_windows = 0, checkpoint_interval = 0, keep = 0, log_interval = 0, stop_at = 0,
           sample_tokens = 0;
@@ -85,6 +85,7 @@ TrainConfig apply_flags(const Flags& f, TrainConfig c) {
   set_if(f, "--stop-at", f.stop_at, c.stop_at);
   set_if(f, "--sample-tokens", f.sample_tokens, c.sample_tokens);
   if (f.options.at("--post-norm")->count() > 0) c.norm_first = !f.post_norm;
+  if (f.options.at("--precision")->count() > 0) c.precision = parse_precision(f.precision);
   return c;
 }
 
@@ -166,11 +167,12 @@ void print_header(const TrainConfig& c, int64_t params, const std::string& data_
   std::printf("%s\n", data_line.c_str());
   std::printf(
       "steps %lld, batch %lld x %lld%s, lr %g (%s, warmup %lld), clip %g, weight decay %g, dropout %g, "
-      "seed %llu, %d threads -> %s\n",
+      "seed %llu, %s, %d threads -> %s\n",
       static_cast<long long>(c.steps), static_cast<long long>(c.batch_size), static_cast<long long>(c.seq_len),
       c.accum > 1 ? fmt::format(" x {} micro-batches", c.accum).c_str() : "", c.schedule.lr,
       schedule_name(c.schedule.kind).c_str(), static_cast<long long>(c.schedule.warmup), static_cast<double>(c.clip),
-      c.adamw.weight_decay, static_cast<double>(c.dropout), static_cast<unsigned long long>(c.seed), num_threads(),
+      c.adamw.weight_decay, static_cast<double>(c.dropout), static_cast<unsigned long long>(c.seed),
+      c.precision == Precision::kBf16 ? "bf16 mixed precision (fp32 master weights)" : "fp32", num_threads(),
       c.out_dir.c_str());
   std::fflush(stdout);
 }
@@ -314,6 +316,9 @@ void register_train(CLI::App& app) {
   o["--seed"] = cmd->add_option("--seed", f->seed,
                                 "seed for initialisation, data order, dropout and the final sample (default 1337)");
   o["--threads"] = cmd->add_option("--threads", f->threads, "threads (default: CABM_NUM_THREADS or all cores)");
+  o["--precision"] = cmd->add_option("--precision", f->precision,
+                                     "fp32 (default) or bf16: bf16 matrix products and attention with fp32 "
+                                     "accumulation, fp32 master weights, optimizer state and checkpoints");
   o["--eval-interval"] =
       cmd->add_option("--eval-interval", f->eval_interval,
                       "steps between validations and checkpoints (default: lm 250, langid 500; 0: at the end)");

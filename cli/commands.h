@@ -10,6 +10,8 @@ void register_train(CLI::App& app);     // cmd_train.cpp
 void register_generate(CLI::App& app);  // cmd_generate.cpp
 void register_eval(CLI::App& app);      // cmd_eval.cpp
 void register_bench(CLI::App& app);     // cmd_bench.cpp
+// Adds `bench layer` and `bench train` to the "bench" subcommand (call after register_bench).
+void register_bench_model(CLI::App& app);  // cmd_bench_model.cpp
 void register_memory(CLI::App& app);    // cmd_memory.cpp
 
 }  // namespace cabm::cli

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   cabm::cli::register_generate(app);
   cabm::cli::register_eval(app);
   cabm::cli::register_bench(app);
+  cabm::cli::register_bench_model(app);
   cabm::cli::register_memory(app);
   // A bad flag is one line on stderr (CLI11's default adds a second "Run with --help" line).
   app.failure_message([](const CLI::App*, const CLI::Error& e) {

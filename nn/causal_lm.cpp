@@ -34,9 +34,10 @@ TokenInput token_input(const CausalLM& model) {
   return TokenInput{&model.embed, model.pos_embed.weight.defined() ? &model.pos_embed : nullptr};
 }
 
-// The output projection: tied to the token embedding, or the separate head.
+// The output projection: tied to the token embedding, or the separate head; in mixed
+// precision with the output matrix's bf16 copy (kept in head.weight_bf16 either way).
 Linear output_head(const CausalLM& model) {
-  return Linear{model.config.tie_head ? model.embed.weight : model.head.weight, Tensor()};
+  return Linear{model.config.tie_head ? model.embed.weight : model.head.weight, Tensor(), model.head.weight_bf16};
 }
 
 void check_tokens(const CausalLM& model, const Tensor& tokens, int64_t start) {
@@ -85,7 +86,7 @@ void causal_lm_backward(const CausalLM& model, CausalLMCache& cache, CausalLM& g
   const Tensor& h = cache.encoder.output;  // the final norm's output
   ensure_shape(cache.d_hidden, h.shape());
   // logits = h Wᵀ:  dh = dlogits W;  dW += dlogitsᵀ h (tied: into the embedding's gradient).
-  Linear head_grad{model.config.tie_head ? grads.embed.weight : grads.head.weight, Tensor()};
+  Linear head_grad{model.config.tie_head ? grads.embed.weight : grads.head.weight, Tensor(), Tensor()};
   linear_backward(output_head(model), as_rows(h), cache.dlogits.view({-1, model.config.vocab_size}),
                   as_rows(cache.d_hidden), head_grad);
   encoder_backward(model.encoder, cache.embedded, cache.d_hidden, cache.d_hidden, cache.encoder, grads.encoder);
@@ -97,7 +98,9 @@ void decode_reset(const CausalLM& model, int64_t B, int64_t capacity, DecodeStat
   if (capacity <= 0 || capacity > model.config.max_seq_len)
     throw Error(fmt::format("decode capacity {} must be in [1, max_seq_len = {}]", capacity, model.config.max_seq_len));
   state.kv.resize(model.encoder.layers.size());
-  for (KVCache& kv : state.kv) kv_cache_reset(kv, B, capacity, model.config.d_model);
+  // A bf16 model keeps its keys and values in bf16 (half the memory; attention in bf16).
+  const DType dtype = model.head.weight_bf16.defined() ? DType::BF16 : DType::F32;
+  for (KVCache& kv : state.kv) kv_cache_reset(kv, B, capacity, model.config.d_model, dtype);
 }
 
 const Tensor& causal_lm_decode(const CausalLM& model, const Tensor& tokens, DecodeState& state) {

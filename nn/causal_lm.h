@@ -47,7 +47,10 @@ struct CausalLM {
   Embedding embed;      // [V, E]
   Embedding pos_embed;  // [T_max, E]; undefined weight when positional is sinusoidal
   Encoder encoder;      // always has the final norm (encoder.norm)
-  Linear head;          // [V, E], no bias; undefined weight when tied
+  Linear head;          // [V, E], no bias; undefined weight when tied. Mixed precision
+                        // (nn/mixed_precision.h): head.weight_bf16 is the bf16 copy of the
+                        // output matrix, embed.weight's when tied; a bf16 model decodes with a
+                        // BF16 KV cache.
 };
 
 // Validates the config (clear cabm::Error) and allocates zero parameters; see nn/init.h

@@ -4,6 +4,12 @@
 // (a module of the same configuration; see nn/parameters.h), so micro-batches accumulate by
 // calling backward repeatedly; zero the gradients (zero_parameters) once per optimiser step.
 // Input gradients (dx) are OVERWRITTEN unless a function says otherwise.
+//
+// Mixed precision (nn/mixed_precision.h): when `weight_bf16` is defined, the three products run
+// on bf16 operands with fp32 accumulation (gemm_bf16): x and dy are rounded to bf16
+// (float_to_bf16) as inputs of the products, the bf16 copy stands in for W, and y, dx, dW and db
+// stay fp32 (dW accumulates in fp32). Rounding x, W and dy each costs at most one unit roundoff
+// u = 2^-8 per operand, so |y_bf16 − y_fp32| <= (2u + u²)·(|x||W|ᵀ) + the fp32 summation terms.
 #pragma once
 
 #include "core/tensor.h"
@@ -13,6 +19,9 @@ namespace cabm {
 struct Linear {
   Tensor weight;  // [out, in], unit column stride (may be a row slice of a packed weight)
   Tensor bias;    // [out]; undefined when the layer has no bias
+  // BF16 [out, in] copy of `weight` (mixed precision), or undefined (fp32 products). Whoever
+  // changes `weight` refreshes it (refresh_bf16_weights in nn/mixed_precision.h).
+  Tensor weight_bf16;
 
   int64_t in_features() const { return weight.size(1); }
   int64_t out_features() const { return weight.size(0); }

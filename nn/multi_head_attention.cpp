@@ -1,6 +1,8 @@
 #include "nn/multi_head_attention.h"
 
 #include "kernels/attention.h"
+#include "kernels/attention_flash_bf16.h"
+#include "nn/bf16_util.h"
 
 #include <algorithm>
 
@@ -62,6 +64,48 @@ Tensor split_heads(const Tensor& buffer, int64_t offset, int64_t B, int64_t L, i
   return buffer.as_strided({B, L, H, d}, {L * row, row, d, 1}, offset);
 }
 
+// Makes t an own contiguous buffer (never a view into `shared`), reallocating only when needed.
+void ensure_own(Tensor& t, const Shape& shape, DType dtype, const Tensor& shared) {
+  if (t.defined() && t.shares_storage(shared)) t = Tensor();
+  ensure_shape(t, shape, dtype);
+}
+
+// [B, L, H, d] contiguous head tensor as [B·L, H·d] rows.
+Tensor head_rows(const Tensor& heads) {
+  return heads.view({heads.size(0) * heads.size(1), heads.size(2) * heads.size(3)});
+}
+
+// Mixed precision: cache.q_bf16/k_bf16/v_bf16 = bf16(cache.q/k/v).
+void round_heads(MultiHeadAttentionCache& cache, int64_t B, int64_t H, int64_t d) {
+  const int64_t N = cache.q.size(1), M = cache.k.size(1), E = H * d;
+  if (cache.self_attention) {
+    ensure_shape(cache.qkv_bf16, {B, N, 3 * E}, DType::BF16);
+    round_to_bf16(as_rows(cache.qkv), as_rows(cache.qkv_bf16));
+    cache.q_bf16 = split_heads(cache.qkv_bf16, 0, B, N, H, d, 3 * E);
+    cache.k_bf16 = split_heads(cache.qkv_bf16, E, B, N, H, d, 3 * E);
+    cache.v_bf16 = split_heads(cache.qkv_bf16, 2 * E, B, N, H, d, 3 * E);
+    return;
+  }
+  const Tensor* heads[3] = {&cache.q, &cache.k, &cache.v};
+  Tensor* rounded[3] = {&cache.q_bf16, &cache.k_bf16, &cache.v_bf16};
+  const int64_t lengths[3] = {N, M, M};
+  for (int p = 0; p < 3; ++p) {
+    ensure_own(*rounded[p], {B, lengths[p], H, d}, DType::BF16, cache.qkv_bf16);
+    round_to_bf16(head_rows(*heads[p]), head_rows(*rounded[p]));
+  }
+}
+
+// cache.q/k/v = the bf16-rounded values, as fp32 (for the fp32 reference kernel).
+void widen_heads(MultiHeadAttentionCache& cache) {
+  if (cache.self_attention) {
+    widen_from_bf16(as_rows(cache.qkv_bf16), as_rows(cache.qkv));
+    return;
+  }
+  widen_from_bf16(head_rows(cache.q_bf16), head_rows(cache.q));
+  widen_from_bf16(head_rows(cache.k_bf16), head_rows(cache.k));
+  widen_from_bf16(head_rows(cache.v_bf16), head_rows(cache.v));
+}
+
 }  // namespace
 
 const Tensor& multi_head_attention_forward(const MultiHeadAttention& mha, const AttentionInputs& in,
@@ -74,7 +118,7 @@ const Tensor& multi_head_attention_forward(const MultiHeadAttention& mha, const 
   if (cache.self_attention) {
     // One GEMM for Q, K and V: [B·N, E] × [E, 3E].
     ensure_shape(cache.qkv, {B, N, 3 * E});
-    const Linear fused{mha.in_proj_weight, mha.in_proj_bias};
+    const Linear fused{mha.in_proj_weight, mha.in_proj_bias, mha.in_proj_weight_bf16};
     linear_forward(fused, as_rows(in.query.contiguous()), as_rows(cache.qkv));
     cache.q = split_heads(cache.qkv, 0, B, N, H, d, 3 * E);
     cache.k = split_heads(cache.qkv, E, B, N, H, d, 3 * E);
@@ -101,7 +145,10 @@ const Tensor& multi_head_attention_forward(const MultiHeadAttention& mha, const 
   cache.options.dropout_seed = in.dropout_seed;
   cache.options.dropout_offset = in.dropout_offset;
   const Tensor attn_heads = cache.attn.view({B, N, H, d});
+  if (mha.bf16()) round_heads(cache, B, H, d);
+  cache.bf16_kernel = mha.bf16() && !in.need_weights;
   if (in.need_weights) {
+    if (mha.bf16()) widen_heads(cache);  // the weights from the fp32 reference on bf16-rounded Q, K, V
     ensure_shape(cache.weights, {B, H, N, M});
     attention_reference_forward(cache.q, cache.k, cache.v, cache.options, attn_heads, &cache.weights, &cache.lse);
     if (in.average_weights) {
@@ -116,6 +163,8 @@ const Tensor& multi_head_attention_forward(const MultiHeadAttention& mha, const 
           avg[b * N * M + e] = sum / static_cast<float>(H);
         }
     }
+  } else if (cache.bf16_kernel) {
+    attention_flash_bf16_forward(cache.q_bf16, cache.k_bf16, cache.v_bf16, cache.options, attn_heads, &cache.lse);
   } else {
     attention_forward(cache.q, cache.k, cache.v, cache.options, attn_heads, &cache.lse);  // the fast path
   }
@@ -177,17 +226,23 @@ void multi_head_attention_backward(const MultiHeadAttention& mha, const Attentio
         *heads[p] = Tensor::empty(shape);
     }
   }
-  const AttentionSaved saved{cache.q, cache.k, cache.v, cache.attn.view({B, N, H, d}), cache.lse};
-  attention_backward(saved, cache.d_attn.view({B, N, H, d}), cache.options,
-                     AttentionGrads{cache.d_q, cache.d_k, cache.d_v});
+  const AttentionGrads attention_grads{cache.d_q, cache.d_k, cache.d_v};
+  if (cache.bf16_kernel) {
+    // The bf16 Q, K, V of the forward; dO, P and dS are rounded inside, gradients are fp32.
+    const AttentionSaved saved{cache.q_bf16, cache.k_bf16, cache.v_bf16, cache.attn.view({B, N, H, d}), cache.lse};
+    attention_flash_bf16_backward(saved, cache.d_attn.view({B, N, H, d}), cache.options, attention_grads);
+  } else {
+    const AttentionSaved saved{cache.q, cache.k, cache.v, cache.attn.view({B, N, H, d}), cache.lse};
+    attention_backward(saved, cache.d_attn.view({B, N, H, d}), cache.options, attention_grads);
+  }
 
   // Input projections: d(input) = dX W_X;  dW_X += dXᵀ input;  db_X += Σ dX (X = Q, K, V).
   const bool all_alias = same_tensor(dinputs.query, dinputs.key) && same_tensor(dinputs.query, dinputs.value);
   const bool none = !dinputs.query.defined() && !dinputs.key.defined() && !dinputs.value.defined();
   if (cache.self_attention && (all_alias || none)) {
     // One GEMM pair for the packed projection: d(input) = d(QKV) W_in, dW_in += d(QKV)ᵀ input.
-    const Linear fused{mha.in_proj_weight, mha.in_proj_bias};
-    Linear fused_grad{grads.in_proj_weight, grads.in_proj_bias};
+    const Linear fused{mha.in_proj_weight, mha.in_proj_bias, mha.in_proj_weight_bf16};
+    Linear fused_grad{grads.in_proj_weight, grads.in_proj_bias, Tensor()};
     linear_backward(fused, as_rows(in.query.contiguous()), as_rows(cache.d_qkv), rows_of(dinputs.query), fused_grad);
     return;
   }
@@ -209,11 +264,12 @@ void multi_head_attention_backward(const MultiHeadAttention& mha, const Attentio
   }
 }
 
-void kv_cache_reset(KVCache& kv, int64_t B, int64_t capacity, int64_t E) {
+void kv_cache_reset(KVCache& kv, int64_t B, int64_t capacity, int64_t E, DType dtype) {
   CABM_CHECK(B > 0 && capacity > 0 && E > 0, "KV cache sizes must be positive (B={}, capacity={}, E={})", B, capacity,
              E);
-  ensure_shape(kv.k, {B, capacity, E});
-  ensure_shape(kv.v, {B, capacity, E});
+  CABM_CHECK(dtype == DType::F32 || dtype == DType::BF16, "KV cache dtype must be F32 or BF16");
+  ensure_shape(kv.k, {B, capacity, E}, dtype);
+  ensure_shape(kv.v, {B, capacity, E}, dtype);
   kv.length = 0;
 }
 
@@ -234,10 +290,25 @@ const Tensor& multi_head_attention_decode(const MultiHeadAttention& mha, const T
   if (cache.q.shares_storage(cache.qkv)) cache.q = Tensor();  // never write into a forward's packed buffer
   ensure_shape(cache.q, {B, n, H, d});
   linear_forward(mha.q_proj, as_rows(x), cache.q.view({B * n, E}));
-  for (int64_t b = 0; b < B; ++b) {
-    const Tensor xb = x.select(0, b);
-    linear_forward(mha.k_proj, xb, kv.k.select(0, b).narrow(0, kv.length, n));
-    linear_forward(mha.v_proj, xb, kv.v.select(0, b).narrow(0, kv.length, n));
+  const bool bf16_kv = kv.k.dtype() == DType::BF16;
+  if (bf16_kv) {
+    // K, V of the new positions in fp32 scratch (one GEMM each), rounded into the cache rows.
+    ensure_own(cache.k, {B, n, H, d}, DType::F32, cache.qkv);
+    ensure_own(cache.v, {B, n, H, d}, DType::F32, cache.qkv);
+    linear_forward(mha.k_proj, as_rows(x), head_rows(cache.k));
+    linear_forward(mha.v_proj, as_rows(x), head_rows(cache.v));
+    for (int64_t b = 0; b < B; ++b) {
+      round_to_bf16(head_rows(cache.k).narrow(0, b * n, n), kv.k.select(0, b).narrow(0, kv.length, n));
+      round_to_bf16(head_rows(cache.v).narrow(0, b * n, n), kv.v.select(0, b).narrow(0, kv.length, n));
+    }
+    ensure_own(cache.q_bf16, {B, n, H, d}, DType::BF16, cache.qkv_bf16);
+    round_to_bf16(head_rows(cache.q), head_rows(cache.q_bf16));
+  } else {
+    for (int64_t b = 0; b < B; ++b) {
+      const Tensor xb = x.select(0, b);
+      linear_forward(mha.k_proj, xb, kv.k.select(0, b).narrow(0, kv.length, n));
+      linear_forward(mha.v_proj, xb, kv.v.select(0, b).narrow(0, kv.length, n));
+    }
   }
   const int64_t L = kv.length + n;
   const Tensor k = kv.k.as_strided({B, L, H, d}, {cap * E, E, d, 1});
@@ -246,7 +317,10 @@ const Tensor& multi_head_attention_decode(const MultiHeadAttention& mha, const T
   ensure_shape(cache.attn, {B, n, E});
   AttentionOptions options;
   options.mask = Mask::causal(CausalAlign::kBottomRight);
-  attention_forward(cache.q, k, v, options, cache.attn.view({B, n, H, d}));
+  if (bf16_kv)
+    attention_flash_bf16_forward(cache.q_bf16, k, v, options, cache.attn.view({B, n, H, d}));
+  else
+    attention_forward(cache.q, k, v, options, cache.attn.view({B, n, H, d}));
   ensure_shape(cache.output, {B, n, E});
   linear_forward(mha.out_proj, as_rows(cache.attn), as_rows(cache.output));
   kv.length = L;

@@ -57,6 +57,7 @@ LmTrainer::LmTrainer(const TrainConfig& config, TextSplit data)
   } else {
     load_parameters(read_safetensors(config_.init), params_);
   }
+  set_precision(model_, config_.precision);  // bf16 copies of the initial weights
   opt_ = make_adamw(params_, config_.adamw);
   config_.schedule.total_steps = config_.steps;
   config_.schedule.d_model = config_.d_model;
@@ -70,6 +71,7 @@ LmTrainer::LmTrainer(const TrainConfig& config, TextSplit data)
 
 void LmTrainer::restore(const LoadedCheckpoint& checkpoint) {
   load_parameters(checkpoint.model, params_);
+  refresh_bf16_weights(model_);
   if (!checkpoint.optimizer) throw Error(fmt::format("{}: no optimizer state to resume from", checkpoint.dir));
   load_adamw_state(*checkpoint.optimizer, opt_);
   try {
@@ -123,6 +125,7 @@ StepStats LmTrainer::train_step_on(const std::vector<Tensor>& inputs, const std:
   stats.grad_norm = clip_grad_norm(grads_, config_.clip);
   stats.lr = learning_rate(config_.schedule, stats.step);
   adamw_step(opt_, params_, grads_, stats.lr);
+  refresh_bf16_weights(model_);  // mixed precision: the next products see the new weights
   stats.tokens = tokens;
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return stats;

@@ -80,6 +80,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"weight_decay", c.adamw.weight_decay},
           {"clip", c.clip},
           {"seed", c.seed},
+          {"precision", precision_name(c.precision)},
           {"eval_interval", c.eval_interval},
           {"eval_windows", c.eval_windows},
           {"checkpoint_interval", c.checkpoint_interval},
@@ -125,6 +126,10 @@ TrainConfig train_config_from_json(const nlohmann::json& j) {
   get("weight_decay", c.adamw.weight_decay);
   get("clip", c.clip);
   get("seed", c.seed);
+  // Absent in checkpoints written before mixed precision existed: those ran in fp32.
+  std::string precision = "fp32";
+  if (j.contains("precision")) get("precision", precision);
+  c.precision = parse_precision(precision);
   get("eval_interval", c.eval_interval);
   get("eval_windows", c.eval_windows);
   get("checkpoint_interval", c.checkpoint_interval);

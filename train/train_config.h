@@ -2,6 +2,7 @@
 // their JSON form in a checkpoint's state.json (so --resume continues with the same ones).
 #pragma once
 
+#include "nn/mixed_precision.h"
 #include "train/adamw.h"
 #include "train/schedule.h"
 
@@ -37,6 +38,9 @@ struct TrainConfig {
   AdamWConfig adamw;
   float clip = 1.0f;  // max global gradient norm; <= 0 disables
   uint64_t seed = 1337;
+  // fp32, or bf16 mixed precision (nn/mixed_precision.h): bf16 products with fp32 master
+  // weights, AdamW state and checkpoints. Recorded in state.json; --resume keeps it.
+  Precision precision = Precision::kFp32;
 
   // Bookkeeping.
   int64_t eval_interval = 250;      // steps between validations (0: only at the end)
