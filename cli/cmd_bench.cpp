@@ -78,11 +78,13 @@ struct Problem {
     q = heads.select(2, 0);
     k = heads.select(2, 1);
     v = heads.select(2, 2);
-    out = Tensor::empty({B, N, H, d});
-    lse = Tensor::empty({B, H, N});
+    // Outputs and gradients are zero-filled (touched) here, like the inputs, so that the memory
+    // measured during the calls is the kernels' working memory only.
+    out = Tensor::zeros({B, N, H, d});
+    lse = Tensor::zeros({B, H, N});
     dout = Tensor::empty({B, N, H, d});
     fill_random(dout, 2);
-    grad_buffer = Tensor::empty({B, N, 3, H, d});
+    grad_buffer = Tensor::zeros({B, N, 3, H, d});
     grads = {grad_buffer.select(2, 0), grad_buffer.select(2, 1), grad_buffer.select(2, 2)};
     if (with_bf16) {
       qkv16 = Tensor::empty({B, N, 3 * E}, DType::BF16);
@@ -91,8 +93,8 @@ struct Problem {
       q16 = heads16.select(2, 0);
       k16 = heads16.select(2, 1);
       v16 = heads16.select(2, 2);
-      out16 = Tensor::empty({B, N, H, d});
-      lse16 = Tensor::empty({B, H, N});
+      out16 = Tensor::zeros({B, N, H, d});
+      lse16 = Tensor::zeros({B, H, N});
     }
     double per_head = 0;
     if (mask == "none") {
@@ -273,7 +275,7 @@ void bench_attention(const BenchFlags& f) {
     std::printf("FMA peak (%s loop, %d threads): %.1f GFLOP/s\n", fma_peak_isa(), num_threads(), peak * 1e-9);
     std::printf("GFLOP/s: forward 4*B*H*d*pairs, backward 2.5x, pairs = attended (query, key) pairs only\n");
     std::printf(
-        "mem: peak RSS increase during the calls (inputs excluded); ref: reference kernel, skipped for N > %lld\n\n",
+        "mem: peak RSS increase during the calls (inputs, outputs, gradients excluded); ref: reference kernel, skipped for N > %lld\n\n",
         static_cast<long long>(kReferenceMaxN));
     std::printf("%6s %5s %-8s %-8s %10s %9s %6s %8s %10s %8s %8s", "N", "d", "mask", "pass", "time_ms", "GFLOP/s",
                 "%peak", "mem_MiB", "ref_ms", "ref_MiB", "speedup");
@@ -315,7 +317,7 @@ void bench_attention(const BenchFlags& f) {
     j["repeats"] = f.repeats;
     j["peak_gflops"] = peak * 1e-9;
     j["flop_convention"] = "forward 4*B*H*d*attended_pairs, backward 2.5x forward";
-    j["memory"] = "peak RSS increase during the timed calls, bytes (inputs excluded)";
+    j["memory"] = "peak RSS increase during the timed calls, bytes (inputs, outputs and gradients excluded)";
     j["cases"] = nlohmann::json::array();
     for (const Row& r : rows) {
       nlohmann::json c;

@@ -25,6 +25,7 @@ using simd::Vec;
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+constexpr int64_t kPackBytes = 16 << 20;  // the forward's packed K and V (attention_flash_forward)
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
@@ -289,7 +290,8 @@ struct ForwardBuffers {
 
 struct ForwardArgs {
   const Tensor &q, &out;
-  const float *k, *v;  // packed: [B·H, M, d] and [B·H, M, dv], see attention_flash_forward
+  const float *k, *v;  // packed heads first_head, first_head + 1, ...: [heads, M, d] and [heads, M, dv]
+  int64_t first_head;  // b·H + h of the first packed head (see attention_flash_forward)
   float* lse;  // [B, H, N] or null
   const AttentionOptions& options;
   const TileMask& mask;
@@ -304,8 +306,9 @@ void forward_query_tile(const ForwardArgs& args, ForwardBuffers& buf, int64_t b,
   const Range rows{i0, i0 + ni};
   const InputRows<T> q = input_rows<T>(args.q, b, h);
   const HeadRows out = head_rows(args.out, b, h);
-  const HeadRows k{const_cast<float*>(args.k) + (b * p.H + h) * p.M * p.d, p.d};
-  const HeadRows v{const_cast<float*>(args.v) + (b * p.H + h) * p.M * p.dv, p.dv};
+  const int64_t packed = b * p.H + h - args.first_head;
+  const HeadRows k{const_cast<float*>(args.k) + packed * p.M * p.d, p.d};
+  const HeadRows v{const_cast<float*>(args.v) + packed * p.M * p.dv, p.dv};
 
   // Qᵀ, pre-multiplied by scale·log2(e) so that the scores come out in base 2: exp2 is cheaper.
   const float qscale = p.scale * kLog2e;
@@ -414,10 +417,12 @@ void forward_query_tile(const ForwardArgs& args, ForwardBuffers& buf, int64_t b,
 struct BackwardBuffers {
   int64_t ld, dp;  // lanes: block_k and d rounded up to the vector width
   float *kt, *vt, *ks, *dkt, *dvt, *s, *dpp, *mask, *z;
-  float *lse2, *delta, *dq;  // per head: [N], [N], [N][dp]
-  float *q, *g;              // per head: Q [N][d] and dO [N][dv], packed (see the forward's K, V)
-  int64_t head = -1;         // b·H + h the per-head buffers hold
-  explicit BackwardBuffers(const Problem& p)
+  // Per chunk of query rows of one head (see backward_chunk_rows):
+  float *lse2, *delta, *dq;  // [rows], [rows], [rows][dp]
+  float *q, *g;              // Q [rows][d] and dO [rows][dv], packed (see the forward's K, V)
+  int64_t head = -1;         // b·H + h the per-chunk buffers hold
+  Range chunk{0, 0};         // ... and which query rows
+  BackwardBuffers(const Problem& p, int64_t rows)
       : ld(round_up(p.block_k, kWidth)),
         dp(round_up(p.d, kWidth)),
         kt(scratch(kKt, p.d * ld)),
@@ -429,11 +434,11 @@ struct BackwardBuffers {
         dpp(scratch(kDP, p.block_q * ld)),
         mask(scratch(kMaskTile, p.block_q * ld)),
         z(p.dropout || p.bf16 ? scratch(kZ, p.block_q * ld) : nullptr),
-        lse2(scratch(kLse2, p.N)),
-        delta(scratch(kDelta, p.N)),
-        dq(scratch(kDQ, p.N * dp)),
-        q(scratch(kHeadQ, p.N * p.d)),
-        g(scratch(kHeadG, p.N * p.dv)) {}
+        lse2(scratch(kLse2, rows)),
+        delta(scratch(kDelta, rows)),
+        dq(scratch(kDQ, rows * dp)),
+        q(scratch(kHeadQ, rows * p.d)),
+        g(scratch(kHeadG, rows * p.dv)) {}
 };
 
 struct BackwardArgs {
@@ -445,42 +450,70 @@ struct BackwardArgs {
   const Problem& p;
 };
 
-// Per-head setup: Q and dO packed (dO as bf16 values in mixed precision: it is used only as an
-// operand of products), lse in base 2 (+inf for fully masked rows, so that exp2(s − lse) = 0
-// there), D_i = dO_i · O_i in fp32, and a zero dq accumulator.
+// The query rows a thread holds at once in whole-head mode (FlashConfig::backward_rows): all N
+// when the per-row buffers (Q, dO, dq, lse, D) fit in kChunkBytes, else a multiple of block_q
+// that does. With long sequences this bounds the backward's working memory (N = 65536, d = 64:
+// 48 MiB per thread without chunks); each extra chunk costs one more packing of the key tiles
+// (O(M·d) against O(rows·M·d) of products). It depends only on the shapes, never on the thread
+// count.
+constexpr int64_t kChunkBytes = 4 << 20;
+int64_t backward_chunk_rows(const Problem& p, const FlashConfig& config) {
+  CABM_CHECK(config.backward_rows >= 0, "backward_rows must be >= 0, got {}", config.backward_rows);
+  if (config.backward_rows > 0) return std::min(p.N, round_up(config.backward_rows, p.block_q));
+  const int64_t row_bytes = 4 * (round_up(p.d, kWidth) + p.d + p.dv + 2);
+  if (p.N * row_bytes <= kChunkBytes) return p.N;
+  return std::max<int64_t>(1, kChunkBytes / row_bytes / p.block_q) * p.block_q;
+}
+
+// Setup for the query rows `chunk` of a head: Q and dO packed (dO as bf16 values in mixed
+// precision: it is used only as an operand of products), lse in base 2 (+inf for fully masked
+// rows, so that exp2(s − lse) = 0 there), D_i = dO_i · O_i in fp32, and a zero dq accumulator.
 template <typename T>
-void backward_begin_head(const BackwardArgs& args, BackwardBuffers& buf, int64_t b, int64_t h) {
+void backward_begin_chunk(const BackwardArgs& args, BackwardBuffers& buf, int64_t b, int64_t h, Range chunk) {
   const Problem& p = args.p;
   const float* lse = args.saved.lse.data<float>() + (b * p.H + h) * p.N;
   const HeadRows o = head_rows(args.saved.out, b, h), g = head_rows(args.dout, b, h);
   const InputRows<T> q = input_rows<T>(args.saved.q, b, h);
-  for (int64_t i = 0; i < p.N; ++i) {
-    widen_row(q.row(i), p.d, buf.q + i * p.d);
+  for (int64_t i = chunk.begin; i < chunk.end; ++i) {
+    const int64_t r = i - chunk.begin;
+    widen_row(q.row(i), p.d, buf.q + r * p.d);
     if constexpr (kRoundsProducts<T>) {
-      for (int64_t c = 0; c < p.dv; ++c) buf.g[i * p.dv + c] = bf16_to_float(float_to_bf16(g.row(i)[c]));
+      for (int64_t c = 0; c < p.dv; ++c) buf.g[r * p.dv + c] = bf16_to_float(float_to_bf16(g.row(i)[c]));
     } else {
-      std::copy_n(g.row(i), p.dv, buf.g + i * p.dv);
+      std::copy_n(g.row(i), p.dv, buf.g + r * p.dv);
     }
-  }
-  float *lse2 = buf.lse2, *delta = buf.delta;
-  for (int64_t i = 0; i < p.N; ++i) {
-    lse2[i] = lse[i] == -INFINITY ? INFINITY : lse[i] * kLog2e;
+    buf.lse2[r] = lse[i] == -INFINITY ? INFINITY : lse[i] * kLog2e;
     float dot = 0.0f;
     for (int64_t c = 0; c < p.dv; ++c) dot += o.row(i)[c] * g.row(i)[c];
-    delta[i] = dot;
+    buf.delta[r] = dot;
   }
-  std::fill_n(buf.dq, p.N * buf.dp, 0.0f);
+  std::fill_n(buf.dq, (chunk.end - chunk.begin) * buf.dp, 0.0f);
   buf.head = b * p.H + h;
+  buf.chunk = chunk;
 }
 
+// One key tile against the query rows of buf.chunk: dK and dV rows of the tile are written
+// (the head's first chunk) or added to (later chunks); dq accumulates in buf.dq.
 template <typename T>
 void backward_key_tile(const BackwardArgs& args, BackwardBuffers& buf, int64_t b, int64_t h, int64_t kt) {
   const Problem& p = args.p;
   const int64_t j0 = kt * p.block_k, nk = std::min(p.block_k, p.M - j0);
   const int64_t lanes = round_up(nk, kWidth), ld = buf.ld, dp = buf.dp;
   const Range keys{j0, j0 + nk};
+  const HeadRows dk = head_rows(args.grads.dk, b, h), dv = head_rows(args.grads.dv, b, h);
+  const Range chunk = buf.chunk, all_rows = args.mask.query_range(b, keys);
+  const Range query_range{std::max(all_rows.begin, chunk.begin), std::min(all_rows.end, chunk.end)};
+  const bool first_chunk = chunk.begin == 0;
+  if (query_range.begin >= query_range.end) {  // no query of this chunk sees the tile
+    for (int64_t r = 0; r < nk && first_chunk; ++r) {
+      std::fill_n(dk.data + (j0 + r) * dk.stride, p.d, 0.0f);
+      std::fill_n(dv.data + (j0 + r) * dv.stride, p.dv, 0.0f);
+    }
+    return;
+  }
   const InputRows<T> k = input_rows<T>(args.saved.k, b, h), v = input_rows<T>(args.saved.v, b, h);
-  const HeadRows q{buf.q, p.d}, g{buf.g, p.dv};  // packed by backward_begin_head
+  // Packed by backward_begin_chunk: row i of the head is row i − chunk.begin here.
+  const HeadRows q{buf.q, p.d}, g{buf.g, p.dv};
 
   // Kᵀ scaled into base-2 scores (as the forward's Qᵀ), Vᵀ, and K·scale row-major for dQ = dS (scale·K).
   const float kscale = p.scale * kLog2e;
@@ -504,18 +537,18 @@ void backward_key_tile(const BackwardArgs& args, BackwardBuffers& buf, int64_t b
   float* dq = buf.dq;
   const DropoutMatrix dropout(args.options, b, h, p.H, p.M);
 
-  const Range query_range = args.mask.query_range(b, keys);
+  // Query tiles on the block_q grid of the head (chunks start on it), clipped to the chunk.
   for (int64_t i0 = query_range.begin / p.block_q * p.block_q; i0 < query_range.end; i0 += p.block_q) {
-    const int64_t ni = std::min(p.block_q, p.N - i0);
+    const int64_t ni = std::min(p.block_q, chunk.end - i0), li = i0 - chunk.begin;  // li: chunk-local
     const Range rows{i0, i0 + ni};
     const TileKind kind = args.mask.classify(b, h, rows, keys);
     if (kind == TileKind::kSkip) continue;
     if (kind == TileKind::kPartial) args.mask.fill(b, h, rows, keys, kLog2e, buf.mask, ld, 1);
 
     // S = Q Kᵀ (base 2, + mask);  P = exp2(S − lse2)
-    tile_product(ni, lanes, p.d, {q.row(i0), q.stride, 1}, {kt_buf, ld}, {s, ld}, Accum::kOverwrite);
+    tile_product(ni, lanes, p.d, {q.row(li), q.stride, 1}, {kt_buf, ld}, {s, ld}, Accum::kOverwrite);
     for (int64_t r = 0; r < ni; ++r) {
-      const Vec row_lse = simd::set1(lse2[i0 + r]);
+      const Vec row_lse = simd::set1(lse2[li + r]);
       float* srow = s + r * ld;
       const float* mrow = buf.mask + r * ld;
       for (int64_t lv = 0; lv < lanes; lv += kWidth) {
@@ -526,7 +559,7 @@ void backward_key_tile(const BackwardArgs& args, BackwardBuffers& buf, int64_t b
       }
     }
     // dP = dO Vᵀ
-    tile_product(ni, lanes, p.dv, {g.row(i0), g.stride, 1}, {vt_buf, ld}, {dps, ld}, Accum::kOverwrite);
+    tile_product(ni, lanes, p.dv, {g.row(li), g.stride, 1}, {vt_buf, ld}, {dps, ld}, Accum::kOverwrite);
     // Dropout: the weights that met V are P∘z, and dP (w.r.t. the undropped P) is dP∘z.
     const float* p_used = s;
     if (p.dropout) {
@@ -547,10 +580,10 @@ void backward_key_tile(const BackwardArgs& args, BackwardBuffers& buf, int64_t b
       p_used = buf.z;
     }
     // dVᵀ += dOᵀ (P∘z)
-    tile_product(p.dv, lanes, ni, {g.row(i0), 1, g.stride}, {p_used, ld}, {dvt, ld}, Accum::kAdd);
+    tile_product(p.dv, lanes, ni, {g.row(li), 1, g.stride}, {p_used, ld}, {dvt, ld}, Accum::kAdd);
     // dS = P ∘ (dP − D)
     for (int64_t r = 0; r < ni; ++r) {
-      const Vec row_delta = simd::set1(delta[i0 + r]);
+      const Vec row_delta = simd::set1(delta[li + r]);
       for (int64_t lv = 0; lv < lanes; lv += kWidth) {
         const Vec ds = simd::mul(simd::load(s + r * ld + lv), simd::sub(simd::load(dps + r * ld + lv), row_delta));
         simd::store(dps + r * ld + lv, ds);
@@ -559,21 +592,26 @@ void backward_key_tile(const BackwardArgs& args, BackwardBuffers& buf, int64_t b
     // Mixed precision: dS enters dK and dQ as bf16.
     if constexpr (kRoundsProducts<T>) round_tile_to_bf16(dps, dps, ni, lanes, ld);
     // dKᵀ += Qᵀ dS (scaled at the end);  dQ += dS (scale·K), only over the tile's real keys.
-    tile_product(p.d, lanes, ni, {q.row(i0), 1, q.stride}, {dps, ld}, {dkt, ld}, Accum::kAdd);
-    tile_product(ni, dp, nk, {dps, ld, 1}, {ks, dp}, {dq + i0 * dp, dp}, Accum::kAdd);
+    tile_product(p.d, lanes, ni, {q.row(li), 1, q.stride}, {dps, ld}, {dkt, ld}, Accum::kAdd);
+    tile_product(ni, dp, nk, {dps, ld, 1}, {ks, dp}, {dq + li * dp, dp}, Accum::kAdd);
   }
 
-  const HeadRows dk = head_rows(args.grads.dk, b, h), dv = head_rows(args.grads.dv, b, h);
   for (int64_t r = 0; r < nk; ++r) {
     float* dkrow = dk.data + (j0 + r) * dk.stride;
     float* dvrow = dv.data + (j0 + r) * dv.stride;
-    for (int64_t c = 0; c < p.d; ++c) dkrow[c] = dkt[c * ld + r] * p.scale;
-    for (int64_t c = 0; c < p.dv; ++c) dvrow[c] = dvt[c * ld + r];
+    if (first_chunk) {
+      for (int64_t c = 0; c < p.d; ++c) dkrow[c] = dkt[c * ld + r] * p.scale;
+      for (int64_t c = 0; c < p.dv; ++c) dvrow[c] = dvt[c * ld + r];
+    } else {
+      for (int64_t c = 0; c < p.d; ++c) dkrow[c] += dkt[c * ld + r] * p.scale;
+      for (int64_t c = 0; c < p.dv; ++c) dvrow[c] += dvt[c * ld + r];
+    }
   }
 }
 
-void write_dq_rows(const float* acc, int64_t dp, const HeadRows& dq, int64_t N, int64_t d) {
-  for (int64_t i = 0; i < N; ++i) std::copy_n(acc + i * dp, d, dq.data + i * dq.stride);
+// dq rows `rows` of a head from an accumulator holding them from its row 0.
+void write_dq_rows(const float* acc, int64_t dp, const HeadRows& dq, Range rows, int64_t d) {
+  for (int64_t i = rows.begin; i < rows.end; ++i) std::copy_n(acc + (i - rows.begin) * dp, d, dq.data + i * dq.stride);
 }
 
 // The backward's work split when there are few heads (see attention_flash_backward): contiguous
@@ -593,11 +631,11 @@ void backward_split_key_tiles(const BackwardArgs& args, const std::vector<int64_
   };
   const Range run{cut(t), cut(t + 1)};
   if (run.begin < run.end) {
-    BackwardBuffers buf(p);
+    BackwardBuffers buf(p, p.N);  // whole heads: a head's key tiles are split between threads
     const auto finish_head = [&]() {
       const int64_t hd = buf.head, b = hd / p.H, h = hd % p.H;
       if (hd * n_kt >= run.begin && (hd + 1) * n_kt <= run.end) {
-        write_dq_rows(buf.dq, buf.dp, head_rows(grads.dq, b, h), p.N, p.d);
+        write_dq_rows(buf.dq, buf.dp, head_rows(grads.dq, b, h), {0, p.N}, p.d);
       } else {
         Partial& slot = partials[t][hd * n_kt < run.begin ? 0 : 1];
         slot.head = hd;
@@ -609,7 +647,7 @@ void backward_split_key_tiles(const BackwardArgs& args, const std::vector<int64_
       const int64_t hd = n / n_kt;
       if (hd != buf.head) {
         if (buf.head >= 0) finish_head();
-        backward_begin_head<Elem>(args, buf, hd / p.H, hd % p.H);
+        backward_begin_chunk<Elem>(args, buf, hd / p.H, hd % p.H, {0, p.N});
       }
       backward_key_tile<Elem>(args, buf, hd / p.H, hd % p.H, n % n_kt);
     }
@@ -627,7 +665,7 @@ void backward_split_key_tiles(const BackwardArgs& args, const std::vector<int64_
       if (other.head != hd) continue;
       for (int64_t e = 0; e < p.N * dp; ++e) acc[e] += other.acc.get()[e];
     }
-    write_dq_rows(acc, dp, head_rows(grads.dq, hd / p.H, hd % p.H), p.N, p.d);
+    write_dq_rows(acc, dp, head_rows(grads.dq, hd / p.H, hd % p.H), {0, p.N}, p.d);
   }
 }
 
@@ -673,60 +711,68 @@ void flash_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Atte
     CABM_CHECK(lse->dtype() == DType::F32 && lse->shape() == (Shape{p.B, p.H, p.N}) && lse->is_contiguous(),
                "lse must be a contiguous F32 [B, H, N] tensor, got {}", shape_str(lse->shape()));
   const TileMask mask(options.mask, p.B, p.H, p.N, p.M);
-  // K and V packed head by head into contiguous rows. Heads are strided views (row stride H·d, or
-  // 3·H·d in a fused projection): the rows of one tile, a power-of-two multiple of 512 bytes apart,
-  // would fall into a few L1 sets and evict each other. Packing costs one pass over K and V.
-  float* const k_packed = scratch(kPackedK, p.B * p.H * p.M * p.d);
-  float* const v_packed = scratch(kPackedV, p.B * p.H * p.M * p.dv);
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < p.B; ++b) {
-    for (int64_t h = 0; h < p.H; ++h) {
+  // K and V are packed head by head into contiguous rows. Heads are strided views (row stride H·d,
+  // or 3·H·d in a fused projection): the rows of one tile, a power-of-two multiple of 512 bytes
+  // apart, would fall into a few L1 sets and evict each other. Packing costs one pass over K and V.
+  // Heads go in waves whose packed K and V fit in kPackBytes (all heads at once for training
+  // shapes; one head at a time for long sequences), so the copy never grows with B·H·M.
+  const int64_t heads = p.B * p.H, head_floats = p.M * (p.d + p.dv);
+  const int64_t wave = std::clamp<int64_t>(kPackBytes / 4 / std::max<int64_t>(head_floats, 1), 1, heads);
+  float* const k_packed = scratch(kPackedK, wave * p.M * p.d);
+  float* const v_packed = scratch(kPackedV, wave * p.M * p.dv);
+  const int64_t n_qt = ceil_div(p.N, p.block_q);
+  // A work item: one query tile of one head. Heaviest first (causal and windowed tiles differ in
+  // cost), handed out dynamically.
+  struct Item {
+    int64_t b, h, qt, cost;
+  };
+  std::vector<Item> items;
+  for (int64_t first = 0; first < heads; first += wave) {
+    const int64_t count = std::min(wave, heads - first);
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < count; ++n) {
+      const int64_t b = (first + n) / p.H, h = (first + n) % p.H;
       const InputRows<T> ks = input_rows<T>(k, b, h), vs = input_rows<T>(v, b, h);
-      float* kd = k_packed + (b * p.H + h) * p.M * p.d;
-      float* vd = v_packed + (b * p.H + h) * p.M * p.dv;
+      float* kd = k_packed + n * p.M * p.d;
+      float* vd = v_packed + n * p.M * p.dv;
       for (int64_t j = 0; j < p.M; ++j) {
         widen_row(ks.row(j), p.d, kd + j * p.d);
         widen_row(vs.row(j), p.dv, vd + j * p.dv);
       }
     }
-  }
-  const ForwardArgs args{q, out, k_packed, v_packed, lse ? lse->data<float>() : nullptr, options, mask, p};
-
-  // Work items heaviest first (causal and windowed tiles differ in cost), handed out dynamically.
-  struct Item {
-    int64_t b, h, qt, cost;
-  };
-  const int64_t n_qt = ceil_div(p.N, p.block_q);
-  std::vector<Item> items;
-  items.reserve(static_cast<size_t>(p.B * p.H * n_qt));
-  for (int64_t b = 0; b < p.B; ++b) {
-    for (int64_t qt = 0; qt < n_qt; ++qt) {
-      const Range keys = mask.key_range(b, {qt * p.block_q, std::min(p.N, (qt + 1) * p.block_q)});
-      for (int64_t h = 0; h < p.H; ++h) items.push_back({b, h, qt, keys.end - keys.begin});
+    const ForwardArgs args{q, out, k_packed, v_packed, first, lse ? lse->data<float>() : nullptr, options, mask, p};
+    items.clear();
+    for (int64_t hd = first; hd < first + count; ++hd) {
+      const int64_t b = hd / p.H, h = hd % p.H;
+      for (int64_t qt = 0; qt < n_qt; ++qt) {
+        const Range keys = mask.key_range(b, {qt * p.block_q, std::min(p.N, (qt + 1) * p.block_q)});
+        items.push_back({b, h, qt, keys.end - keys.begin});
+      }
     }
-  }
-  std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) { return x.cost > y.cost; });
-
+    std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) { return x.cost > y.cost; });
 #pragma omp parallel
-  {
-    ForwardBuffers buf(p);
+    {
+      ForwardBuffers buf(p);
 #pragma omp for schedule(dynamic, 1)
-    for (size_t n = 0; n < items.size(); ++n) forward_query_tile<T>(args, buf, items[n].b, items[n].h, items[n].qt);
+      for (size_t n = 0; n < items.size(); ++n) forward_query_tile<T>(args, buf, items[n].b, items[n].h, items[n].qt);
+    }
   }
 }
 
 // Work split of the backward. dk and dv are split by key tile, so each has one writer. dq of a
 // query row gets a contribution from every key tile; a separate dq pass would redo two of the five
 // block products (S and dP), 40% more work, and atomics would serialise. Instead each thread
-// accumulates dq for the head in hand in a private [N, d] buffer:
+// accumulates dq for the head in hand in a private [rows, d] buffer:
 //  - with enough heads (B·H a multiple of the thread count, or at least 4 per thread), whole heads
-//    are handed out dynamically (robust when a thread is slowed down); dq has one writer per head;
+//    are handed out dynamically (robust when a thread is slowed down); dq has one writer per head.
+//    A long head is walked in chunks of query rows (backward_chunk_rows), each against every key
+//    tile, so the buffers stay within a few MiB per thread whatever N;
 //  - otherwise the work items (b, h, key tile), in order, are cut into one contiguous run per
 //    thread with equal estimated cost; a head within one run is written directly, and the few
 //    heads cut between runs (at most one per boundary) are summed from the threads' partial
 //    buffers in thread order after a barrier.
-// Either way dq is deterministic for a given thread count and costs no extra arithmetic, and the
-// memory is O(threads · N · d).
+// Either way dq is deterministic for a given thread count and costs no extra arithmetic. Memory:
+// O(threads · chunk rows · d) for whole heads, O(threads · N · d) in the split.
 template <typename Elem>
 void flash_backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
                     const AttentionGrads& grads, const FlashConfig& config) {
@@ -752,13 +798,17 @@ void flash_backward(const AttentionSaved& saved, const Tensor& dout, const Atten
     if (heads % T == 0 || heads >= 4 * T) {
       // Enough heads to balance: whole heads, handed out dynamically. Each head has one owner, so
       // dq needs no partial sums and does not depend on the thread count at all.
-      BackwardBuffers buf(p);
+      const int64_t chunk_rows = backward_chunk_rows(p, config);
+      BackwardBuffers buf(p, chunk_rows);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t hd = 0; hd < heads; ++hd) {
         const int64_t b = hd / p.H, h = hd % p.H;
-        backward_begin_head<Elem>(args, buf, b, h);
-        for (int64_t kt = 0; kt < n_kt; ++kt) backward_key_tile<Elem>(args, buf, b, h, kt);
-        write_dq_rows(buf.dq, buf.dp, head_rows(grads.dq, b, h), p.N, p.d);
+        for (int64_t i0 = 0; i0 < p.N; i0 += chunk_rows) {
+          const Range chunk{i0, std::min(p.N, i0 + chunk_rows)};
+          backward_begin_chunk<Elem>(args, buf, b, h, chunk);
+          for (int64_t kt = 0; kt < n_kt; ++kt) backward_key_tile<Elem>(args, buf, b, h, kt);
+          write_dq_rows(buf.dq, buf.dp, head_rows(grads.dq, b, h), chunk, p.d);
+        }
       }
     } else {
       backward_split_key_tiles<Elem>(args, prefix, partials, t, T);

@@ -29,6 +29,9 @@ namespace cabm {
 struct FlashConfig {
   int64_t block_q = 0;  // query rows per tile
   int64_t block_k = 0;  // keys per tile
+  // Backward: query rows a thread holds at once (rounded up to a multiple of block_q). 0 selects
+  // all rows while their buffers fit in 4 MiB per thread, fewer beyond (long sequences).
+  int64_t backward_rows = 0;
 };
 
 // Writes out [B, N, H, dv] (any strided view with unit last stride) and, if lse is non-null,

@@ -146,7 +146,8 @@ struct Check {
 };
 
 void check(const Check& c) {
-  SCOPED_TRACE(describe(c.s) + " tiles " + std::to_string(c.config.block_q) + "x" + std::to_string(c.config.block_k));
+  SCOPED_TRACE(describe(c.s) + " tiles " + std::to_string(c.config.block_q) + "x" + std::to_string(c.config.block_k) +
+               " backward rows " + std::to_string(c.config.backward_rows));
   const Dims& s = c.s;
   const Tensor q = make_heads(s.B, s.N, s.H, s.d, c.seed, c.strided, c.lo, c.hi);
   const Tensor k = make_heads(s.B, s.M, s.H, s.d, c.seed + 1, c.strided, c.lo, c.hi);
@@ -279,7 +280,9 @@ class FlashMasks : public ::testing::TestWithParam<size_t> {};
 TEST_P(FlashMasks, MatchesReference) {
   const MaskCase mask_case = mask_cases()[GetParam()];
   for (const Dims& s : {Dims{3, 65, 129, 2, 32, 24}, Dims{2, 129, 65, 1, 16, 16}}) {
-    for (const FlashConfig& config : {FlashConfig{}, FlashConfig{16, 24}, FlashConfig{5, 7}}) {
+    // {16, 24, 32} and {5, 7, 12}: the backward walks the query rows in chunks of 32 and 15.
+    for (const FlashConfig& config :
+         {FlashConfig{}, FlashConfig{16, 24}, FlashConfig{5, 7}, FlashConfig{16, 24, 32}, FlashConfig{5, 7, 12}}) {
       Check c{s, {}, config};
       c.options.mask = mask_case.make(s);
       c.seed = 100 + GetParam();
@@ -300,6 +303,8 @@ TEST(Flash, DropoutWithMasks) {
     check(c);
     c.options.mask = Mask::sliding_window(10, 10);
     c.config = {};
+    check(c);
+    c.config = {16, 16, 16};  // backward in chunks of 16 query rows
     check(c);
   }
 }
