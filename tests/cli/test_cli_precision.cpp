@@ -25,9 +25,6 @@ CmdResult cabm(const std::string& args) {
   return test::run_cabm(args);
 }
 
-std::string slurp(const std::string& path) {
-  return test::read_file(path);
-}
 
 std::string data_file() {
   const std::string path = test::temp_dir() + "/text.txt";
@@ -42,7 +39,7 @@ const std::string kTiny =
     " --layers 1 --heads 2 --d-model 16 --d-ff 32 --seq-len 16 --batch-size 4 --lr 3e-3 --warmup 2";
 
 std::string saved_precision(const std::string& run, const std::string& step) {
-  return nlohmann::json::parse(slurp(run + "/" + step + "/state.json")).at("config").at("precision");
+  return nlohmann::json::parse(test::read_file(run + "/" + step + "/state.json")).at("config").at("precision");
 }
 
 TEST(CliPrecision, TrainResumeGenerate) {
@@ -76,15 +73,7 @@ TEST(CliPrecision, TrainResumeGenerate) {
   expect_one_line_error(cabm("generate --checkpoint " + run + " --precision fp16"), "unknown precision 'fp16'");
 }
 
-double rel_diff(const Tensor& a, const Tensor& b) {
-  const std::vector<float> x = a.to_vector(), y = b.to_vector();
-  double num = 0, den = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    num += (double(x[i]) - y[i]) * (double(x[i]) - y[i]);
-    den += double(y[i]) * y[i];
-  }
-  return std::sqrt(num / den);
-}
+using test::rel_diff;
 
 TEST(CliPrecision, ForwardBf16AgainstFp32) {
   const std::string dir = test::temp_dir();

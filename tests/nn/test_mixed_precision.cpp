@@ -73,15 +73,7 @@ void expect_within(const Tensor& actual, const Tensor& expected, const Tensor& m
   ::testing::Test::RecordProperty(what, std::to_string(worst));
 }
 
-double rel_diff(const Tensor& a, const Tensor& b) {
-  const std::vector<float> x = a.to_vector(), y = b.to_vector();
-  double num = 0, den = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    num += (double(x[i]) - y[i]) * (double(x[i]) - y[i]);
-    den += double(y[i]) * y[i];
-  }
-  return std::sqrt(num / den);
-}
+using test::rel_diff;
 
 // Records measured/allowed in the test's XML output (--gtest_output=xml), to see the margins.
 void record(const std::string& what, double measured, double allowed) {

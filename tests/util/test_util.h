@@ -29,6 +29,9 @@ Comparison compare(const Tensor& actual, const Tensor& expected, double rtol, do
     EXPECT_TRUE(cmp_.ok) << "max |diff| " << cmp_.max_abs_diff << "; first mismatch " << cmp_.first_bad; \
   } while (0)
 
+// ‖a − b‖₂ / ‖b‖₂ over all elements (F32 tensors of equal size), in double.
+double rel_diff(const Tensor& a, const Tensor& b);
+
 class ScopedThreads {
  public:
   explicit ScopedThreads(int threads);
