@@ -721,8 +721,11 @@ void flash_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Atte
   float* const k_packed = scratch(kPackedK, wave * p.M * p.d);
   float* const v_packed = scratch(kPackedV, wave * p.M * p.dv);
   const int64_t n_qt = ceil_div(p.N, p.block_q);
-  // A work item: one query tile of one head. Heaviest first (causal and windowed tiles differ in
-  // cost), handed out dynamically.
+  // A work item: one query tile of one head, handed out dynamically. Items go head by head, and
+  // within a head heaviest first (causal and windowed tiles differ in cost) so that the light ones
+  // fill the gaps at the end. Head by head matters: the threads then stream the same head's K and V
+  // through the shared L3. Sorting all heads' items by cost alone had the threads walk all heads'
+  // K and V at once and made the causal forward 25% slower per FLOP (N = 4096, 8 heads).
   struct Item {
     int64_t b, h, qt, cost;
   };
@@ -744,12 +747,14 @@ void flash_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Atte
     items.clear();
     for (int64_t hd = first; hd < first + count; ++hd) {
       const int64_t b = hd / p.H, h = hd % p.H;
+      const size_t head_begin = items.size();
       for (int64_t qt = 0; qt < n_qt; ++qt) {
         const Range keys = mask.key_range(b, {qt * p.block_q, std::min(p.N, (qt + 1) * p.block_q)});
         items.push_back({b, h, qt, keys.end - keys.begin});
       }
+      std::stable_sort(items.begin() + static_cast<std::ptrdiff_t>(head_begin), items.end(),
+                       [](const Item& x, const Item& y) { return x.cost > y.cost; });
     }
-    std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) { return x.cost > y.cost; });
 #pragma omp parallel
     {
       ForwardBuffers buf(p);
