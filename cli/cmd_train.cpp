@@ -123,15 +123,17 @@ void adopt_init_architecture(const std::string& path, TrainTask task, TrainConfi
   const SafetensorsFile file = read_safetensors(path);
   const std::string kind = model_kind(file);
   if (kind.empty()) return;  // a plain state_dict: the flags say what it is
+  // The flags a model file fixes (the shape that byte_model_config, train/train_config.h, maps
+  // the other way), from either model config.
+  const auto adopt = [&c](const auto& m) {
+    std::tie(c.layers, c.heads, c.d_model, c.d_ff, c.seq_len, c.norm_first) =
+        std::tuple(m.num_layers, m.nhead, m.d_model, m.dim_feedforward, m.max_seq_len, m.norm_first);
+  };
   std::vector<std::string> labels;
   if (task == TrainTask::kLanguageModel && kind == "CausalLM") {
-    const CausalLMConfig m = causal_lm_config_from(file);
-    std::tie(c.layers, c.heads, c.d_model, c.d_ff, c.seq_len, c.norm_first) =
-        std::tuple(m.num_layers, m.nhead, m.d_model, m.dim_feedforward, m.max_seq_len, m.norm_first);
+    adopt(causal_lm_config_from(file));
   } else if (task == TrainTask::kLanguageId && kind == "Classifier") {
-    const ClassifierConfig m = classifier_config_from(file, labels);
-    std::tie(c.layers, c.heads, c.d_model, c.d_ff, c.seq_len, c.norm_first) =
-        std::tuple(m.num_layers, m.nhead, m.d_model, m.dim_feedforward, m.max_seq_len, m.norm_first);
+    adopt(classifier_config_from(file, labels));
   } else {
     throw Error(fmt::format("{}: holds a {} model, which --task {} cannot start from", path, kind, task_name(task)));
   }

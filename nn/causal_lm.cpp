@@ -2,26 +2,15 @@
 
 namespace cabm {
 
-EncoderLayerConfig CausalLMConfig::layer_config() const {
-  EncoderLayerConfig c;
-  c.d_model = d_model;
-  c.nhead = nhead;
-  c.dim_feedforward = dim_feedforward;
-  c.dropout = dropout;
-  c.activation = activation;
-  c.layer_norm_eps = layer_norm_eps;
-  c.norm_first = norm_first;
-  c.bias = true;
-  return c;
-}
-
 CausalLM make_causal_lm(const CausalLMConfig& config) {
   if (config.vocab_size <= 0 || config.max_seq_len <= 0 || config.num_layers <= 0)
     throw Error(fmt::format("causal LM: vocab_size ({}), max_seq_len ({}) and num_layers ({}) must be positive",
                             config.vocab_size, config.max_seq_len, config.num_layers));
+  if (!config.bias) throw Error("causal LM: the layers always have biases (bias must be true)");
   CausalLM model;
   model.config = config;
-  model.encoder = make_encoder(config.layer_config(), config.num_layers, /*final_norm=*/true);  // validates the rest
+  // The config is its layers' config (an EncoderLayerConfig); make_encoder validates the rest.
+  model.encoder = make_encoder(config, config.num_layers, /*final_norm=*/true);
   model.embed = make_embedding(config.vocab_size, config.d_model);
   if (config.positional == PositionalKind::kLearned) model.pos_embed = make_embedding(config.max_seq_len, config.d_model);
   if (!config.tie_head) model.head = make_linear(config.d_model, config.vocab_size, /*bias=*/false);

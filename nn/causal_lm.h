@@ -25,21 +25,22 @@
 
 namespace cabm {
 
-struct CausalLMConfig {
-  int64_t vocab_size = 0;       // V
-  int64_t max_seq_len = 0;      // T_max: rows of pos_embed; the longest context
-  int64_t d_model = 0;          // E
-  int64_t nhead = 0;            // H
-  int64_t num_layers = 0;       // L
-  int64_t dim_feedforward = 0;  // F
-  float dropout = 0.1f;         // embeddings, attention weights, residual branches, FFN hidden
-  Activation activation = Activation::kGelu;
-  bool norm_first = true;       // pre-norm, as GPT-2; post-norm also works
-  float layer_norm_eps = 1e-5f;
-  bool tie_head = true;         // logits use embed.weight; false adds head.weight
-  PositionalKind positional = PositionalKind::kLearned;
+// The layers' hyper-parameters (E, H, F, dropout, activation, norm_first, layer_norm_eps) are
+// the EncoderLayerConfig this config extends: each of the L layers is made from it. The
+// defaults differ from the seed's layer: pre-norm and GELU, as GPT-2 (post-norm also works).
+// dropout also applies to the embeddings. The layers always have biases (bias must stay true:
+// checkpoints do not record it).
+struct CausalLMConfig : EncoderLayerConfig {
+  CausalLMConfig() {
+    activation = Activation::kGelu;
+    norm_first = true;
+  }
 
-  EncoderLayerConfig layer_config() const;
+  int64_t vocab_size = 0;   // V
+  int64_t max_seq_len = 0;  // T_max: rows of pos_embed; the longest context
+  int64_t num_layers = 0;   // L
+  bool tie_head = true;     // logits use embed.weight; false adds head.weight
+  PositionalKind positional = PositionalKind::kLearned;
 };
 
 struct CausalLM {

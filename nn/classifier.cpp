@@ -4,27 +4,15 @@
 
 namespace cabm {
 
-EncoderLayerConfig ClassifierConfig::layer_config() const {
-  EncoderLayerConfig c;
-  c.d_model = d_model;
-  c.nhead = nhead;
-  c.dim_feedforward = dim_feedforward;
-  c.dropout = dropout;
-  c.activation = activation;
-  c.layer_norm_eps = layer_norm_eps;
-  c.norm_first = norm_first;
-  c.bias = true;
-  return c;
-}
-
 Classifier make_classifier(const ClassifierConfig& config) {
   if (config.vocab_size <= 0 || config.max_seq_len <= 0 || config.num_layers <= 0 || config.num_classes <= 0)
     throw Error(fmt::format(
         "classifier: vocab_size ({}), max_seq_len ({}), num_layers ({}) and num_classes ({}) must be positive",
         config.vocab_size, config.max_seq_len, config.num_layers, config.num_classes));
+  if (!config.bias) throw Error("classifier: the layers always have biases (bias must be true)");
   Classifier model;
   model.config = config;
-  model.encoder = make_encoder(config.layer_config(), config.num_layers, config.final_norm);
+  model.encoder = make_encoder(config, config.num_layers, config.final_norm);  // the config is its layers' config
   model.embed = make_embedding(config.vocab_size, config.d_model);
   if (config.positional == PositionalKind::kLearned) model.pos_embed = make_embedding(config.max_seq_len, config.d_model);
   model.classifier = make_linear(config.d_model, config.num_classes, /*bias=*/true);

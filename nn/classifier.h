@@ -17,22 +17,16 @@
 
 namespace cabm {
 
-struct ClassifierConfig {
-  int64_t vocab_size = 0;       // V
-  int64_t max_seq_len = 0;      // T_max
-  int64_t d_model = 0;          // E
-  int64_t nhead = 0;            // H
-  int64_t num_layers = 0;       // L
-  int64_t dim_feedforward = 0;  // F
-  float dropout = 0.1f;
-  Activation activation = Activation::kRelu;
-  bool norm_first = false;
-  float layer_norm_eps = 1e-5f;
-  int64_t num_classes = 0;      // C
-  bool final_norm = true;       // encoder.norm
+// The layers' hyper-parameters are the EncoderLayerConfig this config extends (its defaults:
+// the seed's post-norm ReLU layer); dropout also applies to the embeddings. The layers always
+// have biases (bias must stay true: checkpoints do not record it).
+struct ClassifierConfig : EncoderLayerConfig {
+  int64_t vocab_size = 0;   // V
+  int64_t max_seq_len = 0;  // T_max
+  int64_t num_layers = 0;   // L
+  int64_t num_classes = 0;  // C
+  bool final_norm = true;   // encoder.norm
   PositionalKind positional = PositionalKind::kLearned;
-
-  EncoderLayerConfig layer_config() const;
 };
 
 struct Classifier {

@@ -1,31 +1,16 @@
 #include "train/langid_trainer.h"
 
 #include "core/error.h"
-#include "io/state_dict.h"
-#include "io/tokenizer.h"
-#include "nn/init.h"
-#include "nn/parameters.h"
-#include "train/grad_clip.h"
 #include "train/model_config.h"
-#include "train/schedule.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 
 namespace cabm {
 
 ClassifierConfig langid_model_config(const TrainConfig& c, int64_t num_classes) {
-  ClassifierConfig m;
-  m.vocab_size = kByteVocabSize;
-  m.max_seq_len = c.seq_len;
-  m.d_model = c.d_model;
-  m.nhead = c.heads;
-  m.num_layers = c.layers;
-  m.dim_feedforward = c.d_ff;
-  m.dropout = c.dropout;
+  ClassifierConfig m = byte_model_config<ClassifierConfig>(c);
   m.activation = Activation::kRelu;
-  m.norm_first = c.norm_first;
   m.num_classes = num_classes;
   m.final_norm = true;
   m.positional = PositionalKind::kLearned;
@@ -105,96 +90,41 @@ std::vector<float> classify_word(const Classifier& model, const std::string& wor
   return p;
 }
 
-LangIdTrainer::LangIdTrainer(const TrainConfig& config, WordDataset data)
-    : config_(config), data_(std::move(data)), data_rng_(data_seed(config.seed)) {
+LangIdTrainer::LangIdTrainer(const TrainConfig& config, WordDataset data) : config_(config), data_(std::move(data)) {
   validate(config_);
   const ClassifierConfig mc = langid_model_config(config_, static_cast<int64_t>(data_.languages.size()));
-  model_ = make_classifier(mc);
-  grad_model_ = make_classifier(mc);
-  params_ = named_parameters(model_);
-  grads_ = named_parameters(grad_model_);
-  if (config_.init.empty()) {
-    Rng init_rng(config_.seed);
-    init_parameters(model_, init_rng);
-  } else {
-    load_parameters(read_safetensors(config_.init), params_);
-  }
-  set_precision(model_, config_.precision);  // bf16 copies of the initial weights
-  opt_ = make_adamw(params_, config_.adamw);
-  config_.schedule.total_steps = config_.steps;
-  config_.schedule.d_model = config_.d_model;
-  if (config_.schedule.kind == ScheduleKind::kWarmup)
-    config_.schedule.scale = warmup_scale_for_peak(config_.schedule.lr, config_.d_model, config_.schedule.warmup);
+  state_.model = make_classifier(mc);
+  state_.grad_model = make_classifier(mc);
+  start_training(config_, state_);
 }
 
 void LangIdTrainer::restore(const LoadedCheckpoint& checkpoint) {
-  load_parameters(checkpoint.model, params_);
-  refresh_bf16_weights(model_);
-  if (!checkpoint.optimizer) throw Error(fmt::format("{}: no optimizer state to resume from", checkpoint.dir));
-  load_adamw_state(*checkpoint.optimizer, opt_);
-  try {
-    const auto& data = checkpoint.state.at("data_rng");
-    data_rng_ = Rng(data.at("seed").get<uint64_t>(), data.at("position").get<uint64_t>());
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(fmt::format("{}/{}: malformed training state: {}", checkpoint.dir, kStateFile, e.what()));
-  }
+  restore_training(checkpoint, state_);
 }
 
 StepStats LangIdTrainer::train_step() {
-  const auto start = std::chrono::steady_clock::now();
-  zero_tensors(grads_);
-  LossOptions loss_options;
-  loss_options.grad_scale = 1.0f / static_cast<float>(config_.accum);
-  double loss_sum = 0.0;
-  int64_t tokens = 0;
-  for (int64_t micro = 0; micro < config_.accum; ++micro) {
-    sample_words(data_, config_.batch_size, data_rng_, words_, label_values_);
-    pack_words(words_, config_.seq_len, tokens_, lengths_);
-    ensure_shape(labels_, {config_.batch_size}, DType::I64);
-    std::copy(label_values_.begin(), label_values_.end(), labels_.data<int64_t>());
-    for (const int64_t n : lengths_) tokens += n;
-    ForwardMode mode;
-    mode.training = true;
-    mode.seed = config_.seed;
-    mode.step = static_cast<uint64_t>(opt_.step * config_.accum + micro);
-    classifier_forward(model_, tokens_, lengths_, cache_, mode);
-    loss_sum += classifier_loss(labels_, loss_options, cache_).loss;
-    classifier_backward(model_, cache_, grad_model_);
-  }
-  StepStats stats;
-  stats.step = opt_.step + 1;
-  stats.loss = loss_sum / static_cast<double>(config_.accum);
-  if (!std::isfinite(stats.loss))
-    throw Error(fmt::format("training diverged: loss is {} at step {} (try a lower --lr)", stats.loss, stats.step));
-  stats.grad_norm = clip_grad_norm(grads_, config_.clip);
-  stats.lr = learning_rate(config_.schedule, stats.step);
-  adamw_step(opt_, params_, grads_, stats.lr);
-  refresh_bf16_weights(model_);  // mixed precision: the next products see the new weights
-  stats.tokens = tokens;
-  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return stats;
+  return training_step(config_, config_.accum, state_,
+                       [&](int64_t, const ForwardMode& mode, const LossOptions& loss_options) {
+                         sample_words(data_, config_.batch_size, state_.data_rng, words_, label_values_);
+                         pack_words(words_, config_.seq_len, tokens_, lengths_);
+                         ensure_shape(labels_, {config_.batch_size}, DType::I64);
+                         std::copy(label_values_.begin(), label_values_.end(), labels_.data<int64_t>());
+                         MicroBatchResult result;
+                         for (const int64_t n : lengths_) result.tokens += n;
+                         classifier_forward(state_.model, tokens_, lengths_, cache_, mode);
+                         result.loss = classifier_loss(labels_, loss_options, cache_).loss;
+                         classifier_backward(state_.model, cache_, state_.grad_model);
+                         return result;
+                       });
 }
 
 ClassifierEval LangIdTrainer::evaluate() {
-  return evaluate_classifier(model_, data_, config_.seq_len, 256);
+  return evaluate_classifier(state_.model, data_, config_.seq_len, 256);
 }
 
 std::string LangIdTrainer::save(const nlohmann::json& metrics) {
-  CheckpointWrite w;
-  w.step = opt_.step;
-  w.params = &params_;
-  w.model_metadata = classifier_metadata(model_.config, data_.languages);
-  w.optimizer = &opt_;
-  w.state = {{"format", 1},
-             {"task", task_name(config_.task)},
-             {"step", opt_.step},
-             {"seed", config_.seed},
-             {"data_rng", {{"seed", data_rng_.seed()}, {"position", data_rng_.position()}}},
-             {"data", {{"languages", data_.languages}}},
-             {"tokenizer", "bytes"},
-             {"config", to_json(config_)},
-             {"metrics", metrics.is_null() ? nlohmann::json::object() : metrics}};
-  return save_checkpoint(config_.out_dir, w, config_.keep_checkpoints);
+  const nlohmann::json data = {{"languages", data_.languages}};
+  return save_training(config_, state_, classifier_metadata(state_.model.config, data_.languages), data, metrics);
 }
 
 }  // namespace cabm

@@ -8,8 +8,8 @@
 #include "io/word_lists.h"
 #include "nn/classifier.h"
 #include "train/checkpoint.h"
-#include "train/lm_trainer.h"
 #include "train/train_config.h"
+#include "train/training_state.h"
 
 #include <string>
 #include <vector>
@@ -42,18 +42,15 @@ class LangIdTrainer {
   ClassifierEval evaluate();
   std::string save(const nlohmann::json& metrics = {});
 
-  int64_t step() const { return opt_.step; }
+  int64_t step() const { return state_.opt.step; }
   const TrainConfig& config() const { return config_; }
-  const Classifier& model() const { return model_; }
+  const Classifier& model() const { return state_.model; }
   const WordDataset& data() const { return data_; }
 
  private:
   TrainConfig config_;
   WordDataset data_;
-  Classifier model_, grad_model_;
-  NamedTensors params_, grads_;
-  AdamW opt_;
-  Rng data_rng_;
+  TrainingState<Classifier> state_;
   ClassifierCache cache_;
   Tensor tokens_, labels_;
   std::vector<std::string> words_;

@@ -27,19 +27,21 @@ std::string float_str(float f) {
   return fmt::format("{}", f);
 }  // shortest round-trip
 
-Metadata encoder_metadata(int64_t V, int64_t T, int64_t E, int64_t H, int64_t L, int64_t F, float dropout,
-                          Activation act, bool norm_first, float eps, PositionalKind positional) {
-  return {{"vocab_size", std::to_string(V)},
-          {"max_seq_len", std::to_string(T)},
-          {"d_model", std::to_string(E)},
-          {"nhead", std::to_string(H)},
-          {"num_layers", std::to_string(L)},
-          {"dim_feedforward", std::to_string(F)},
-          {"dropout", float_str(dropout)},
-          {"activation", activation_name(act)},
-          {"norm_first", bool_str(norm_first)},
-          {"layer_norm_eps", float_str(eps)},
-          {"positional", positional == PositionalKind::kLearned ? "learned" : "sinusoidal"},
+// The fields the two model configs share: the EncoderLayerConfig they extend and the token
+// input and depth around it (members of both configs; each key is the member's name).
+template <typename ModelConfig>
+Metadata encoder_metadata(const ModelConfig& c) {
+  return {{"vocab_size", std::to_string(c.vocab_size)},
+          {"max_seq_len", std::to_string(c.max_seq_len)},
+          {"d_model", std::to_string(c.d_model)},
+          {"nhead", std::to_string(c.nhead)},
+          {"num_layers", std::to_string(c.num_layers)},
+          {"dim_feedforward", std::to_string(c.dim_feedforward)},
+          {"dropout", float_str(c.dropout)},
+          {"activation", activation_name(c.activation)},
+          {"norm_first", bool_str(c.norm_first)},
+          {"layer_norm_eps", float_str(c.layer_norm_eps)},
+          {"positional", c.positional == PositionalKind::kLearned ? "learned" : "sinusoidal"},
           {"tokenizer", "bytes"}};
 }
 
@@ -89,19 +91,34 @@ Activation get_activation(const SafetensorsFile& f) {
   }
 }
 
+// Reads encoder_metadata's fields back, but for positional (each caller reads it after its own
+// keys, so that the first bad key of a file is the one reported). A file without norm_first
+// keeps the default of c's model kind: pre-norm for the LM, post-norm for the classifier.
+template <typename ModelConfig>
+void read_encoder_metadata(const SafetensorsFile& f, ModelConfig& c) {
+  c.vocab_size = get_int(f, "vocab_size");
+  c.max_seq_len = get_int(f, "max_seq_len");
+  c.d_model = get_int(f, "d_model");
+  c.nhead = get_int(f, "nhead");
+  c.num_layers = get_int(f, "num_layers");
+  c.dim_feedforward = get_int(f, "dim_feedforward");
+  c.dropout = get_float(f, "dropout");
+  c.activation = get_activation(f);
+  c.norm_first = get_bool(f, "norm_first", c.norm_first);
+  c.layer_norm_eps = get_float(f, "layer_norm_eps");
+}
+
 }  // namespace
 
 Metadata causal_lm_metadata(const CausalLMConfig& c) {
-  Metadata m = encoder_metadata(c.vocab_size, c.max_seq_len, c.d_model, c.nhead, c.num_layers, c.dim_feedforward,
-                                c.dropout, c.activation, c.norm_first, c.layer_norm_eps, c.positional);
+  Metadata m = encoder_metadata(c);
   m["model"] = "CausalLM";
   m["tie_head"] = bool_str(c.tie_head);
   return m;
 }
 
 Metadata classifier_metadata(const ClassifierConfig& c, const std::vector<std::string>& labels) {
-  Metadata m = encoder_metadata(c.vocab_size, c.max_seq_len, c.d_model, c.nhead, c.num_layers, c.dim_feedforward,
-                                c.dropout, c.activation, c.norm_first, c.layer_norm_eps, c.positional);
+  Metadata m = encoder_metadata(c);
   m["model"] = "Classifier";
   m["num_classes"] = std::to_string(c.num_classes);
   m["final_norm"] = bool_str(c.final_norm);
@@ -120,16 +137,7 @@ CausalLMConfig causal_lm_config_from(const SafetensorsFile& f) {
   if (model_kind(f) != "CausalLM")
     throw Error(fmt::format("{}: not a causal language model (metadata model = '{}')", f.path, model_kind(f)));
   CausalLMConfig c;
-  c.vocab_size = get_int(f, "vocab_size");
-  c.max_seq_len = get_int(f, "max_seq_len");
-  c.d_model = get_int(f, "d_model");
-  c.nhead = get_int(f, "nhead");
-  c.num_layers = get_int(f, "num_layers");
-  c.dim_feedforward = get_int(f, "dim_feedforward");
-  c.dropout = get_float(f, "dropout");
-  c.activation = get_activation(f);
-  c.norm_first = get_bool(f, "norm_first", true);
-  c.layer_norm_eps = get_float(f, "layer_norm_eps");
+  read_encoder_metadata(f, c);
   c.tie_head = get_bool(f, "tie_head", true);
   c.positional = get_positional(f);
   return c;
@@ -139,16 +147,7 @@ ClassifierConfig classifier_config_from(const SafetensorsFile& f, std::vector<st
   if (model_kind(f) != "Classifier")
     throw Error(fmt::format("{}: not a classifier (metadata model = '{}')", f.path, model_kind(f)));
   ClassifierConfig c;
-  c.vocab_size = get_int(f, "vocab_size");
-  c.max_seq_len = get_int(f, "max_seq_len");
-  c.d_model = get_int(f, "d_model");
-  c.nhead = get_int(f, "nhead");
-  c.num_layers = get_int(f, "num_layers");
-  c.dim_feedforward = get_int(f, "dim_feedforward");
-  c.dropout = get_float(f, "dropout");
-  c.activation = get_activation(f);
-  c.norm_first = get_bool(f, "norm_first", false);
-  c.layer_norm_eps = get_float(f, "layer_norm_eps");
+  read_encoder_metadata(f, c);
   c.num_classes = get_int(f, "num_classes");
   c.final_norm = get_bool(f, "final_norm", true);
   c.positional = get_positional(f);

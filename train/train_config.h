@@ -2,6 +2,7 @@
 // their JSON form in a checkpoint's state.json (so --resume continues with the same ones).
 #pragma once
 
+#include "io/tokenizer.h"
 #include "nn/mixed_precision.h"
 #include "train/adamw.h"
 #include "train/schedule.h"
@@ -68,5 +69,22 @@ TrainConfig train_config_from_json(const nlohmann::json& j);
 
 // Checks ranges (positive sizes, E divisible by H, ...) with one-line errors naming the flag.
 void validate(const TrainConfig& config);
+
+// The model the flags describe, over byte tokens (V = 256, T_max = seq_len). ModelConfig is
+// CausalLMConfig or ClassifierConfig; what the flags do not set (activation, head, positions,
+// classes) keeps the model config's default, for the task's trainer to choose.
+template <typename ModelConfig>
+ModelConfig byte_model_config(const TrainConfig& c) {
+  ModelConfig m;
+  m.vocab_size = kByteVocabSize;
+  m.max_seq_len = c.seq_len;
+  m.d_model = c.d_model;
+  m.nhead = c.heads;
+  m.num_layers = c.layers;
+  m.dim_feedforward = c.d_ff;
+  m.dropout = c.dropout;
+  m.norm_first = c.norm_first;
+  return m;
+}
 
 }  // namespace cabm

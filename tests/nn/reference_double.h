@@ -226,7 +226,7 @@ inline Vec token_input(const Params& p, const std::vector<int64_t>& tokens, int6
 inline Vec causal_lm_logits(const Params& p, const CausalLMConfig& cfg, const std::vector<int64_t>& tokens, int64_t B,
                             int64_t T, const ForwardMode& mode) {
   const Vec x = token_input(p, tokens, B, T, cfg.d_model, cfg.dropout, mode);
-  const Vec h = encoder(p, "encoder.", cfg.layer_config(), cfg.num_layers, B, T, x, Mask::causal(), mode);
+  const Vec h = encoder(p, "encoder.", cfg, cfg.num_layers, B, T, x, Mask::causal(), mode);
   const Vec& W = cfg.tie_head ? get(p, "embed.weight") : get(p, "head.weight");
   return linear(h, B * T, cfg.d_model, W, nullptr, cfg.vocab_size);
 }
@@ -235,7 +235,7 @@ inline Vec classifier_logits(const Params& p, const ClassifierConfig& cfg, const
                              const std::vector<int64_t>& lengths, int64_t B, int64_t T, const ForwardMode& mode) {
   const int64_t E = cfg.d_model;
   const Vec x = token_input(p, tokens, B, T, E, cfg.dropout, mode);
-  const Vec h = encoder(p, "encoder.", cfg.layer_config(), cfg.num_layers, B, T, x, Mask::key_padding(lengths), mode);
+  const Vec h = encoder(p, "encoder.", cfg, cfg.num_layers, B, T, x, Mask::key_padding(lengths), mode);
   Vec pooled(static_cast<size_t>(B * E), 0.0);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < lengths[b]; ++t)
