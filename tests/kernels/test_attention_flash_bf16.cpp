@@ -33,40 +33,29 @@
 #include "kernels/attention_reference.h"
 #include "kernels/attention_simd.h"
 #include "kernels/bf16.h"
+#include "util/attention_cases.h"
 #include "util/test_util.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace cabm {
 namespace {
 
-constexpr double kU = 0x1p-24;
+using test::Dims;
+using test::expect_within;
+using test::FlashCase;
+using test::kU;
+using test::MaskCase;
+using test::max_abs;
+using test::Outcome;
+
 constexpr double kUBf16 = 0x1p-8;
-double gamma_n(int64_t n) {
-  return static_cast<double>(n) * kU / (1.0 - static_cast<double>(n) * kU);
-}
-
-struct Dims {
-  int64_t B, N, M, H, d, dv;
-};
-
-std::string describe(const Dims& s) {
-  return "B=" + std::to_string(s.B) + " N=" + std::to_string(s.N) + " M=" + std::to_string(s.M) +
-         " H=" + std::to_string(s.H) + " d=" + std::to_string(s.d) + " dv=" + std::to_string(s.dv);
-}
-
-double max_abs(const Tensor& t) {
-  double m = 0;
-  for (float x : t.to_vector())
-    if (std::isfinite(x)) m = std::max(m, static_cast<double>(std::fabs(x)));
-  return m;
-}
 
 // A bf16 head view [B, L, H, d] (strided: heads of a [B, L, 2, H, d + 1] buffer) and the same view
 // of the fp32 values it holds.
@@ -74,14 +63,12 @@ struct Heads {
   Tensor bf, f32;
 };
 Heads make_heads(int64_t B, int64_t L, int64_t H, int64_t d, uint64_t seed, bool strided, float range = 1.0f) {
-  const Shape shape = strided ? Shape{B, L, 2, H, d + 1} : Shape{B, L, H, d};
+  const Shape shape = test::head_buffer_shape(B, L, H, d, strided);
   Tensor x = test::random_tensor(shape, seed, -range, range);
   Tensor xb = Tensor::empty(shape, DType::BF16);
   float_to_bf16(x.data<float>(), xb.data<bf16>(), x.numel());
   bf16_to_float(xb.data<bf16>(), x.data<float>(), x.numel());
-  if (!strided) return {xb, x};
-  auto view = [&](const Tensor& t) { return t.select(2, 1).narrow(3, 0, d); };
-  return {view(xb), view(x)};
+  return {test::head_view(xb, d, strided), test::head_view(x, d, strided)};
 }
 
 // q, k, v as bf16 (and their fp32 values) and dO (fp32, not bf16-representable: the kernel rounds it).
@@ -98,58 +85,20 @@ Inputs make_inputs(const Dims& s, uint64_t seed, bool strided, float qk_range = 
           make_heads(s.B, s.M, s.H, s.dv, seed + 2, strided), g};
 }
 
-Tensor random_bool(const Shape& shape, uint64_t seed, float p_true) {
-  Tensor u = test::random_tensor(shape, seed, 0.0f, 1.0f);
-  Tensor t = Tensor::empty(shape, DType::BOOL);
-  for (int64_t n = 0; n < t.numel(); ++n) t.data<uint8_t>()[n] = u.data<float>()[n] < p_true;
-  return t;
-}
-
-struct MaskCase {
-  std::string name;
-  std::function<Mask(const Dims&)> make;
-};
-
+// A subset of the fp32 flash test's mask kinds, and two combinations of its own.
 std::vector<MaskCase> mask_cases() {
-  return {
-      {"none", [](const Dims&) { return Mask(); }},
-      {"causal", [](const Dims&) { return Mask::causal(); }},
-      {"causal_top_left", [](const Dims&) { return Mask::causal(CausalAlign::kTopLeft); }},
-      {"key_padding",
-       [](const Dims& s) {
-         std::vector<int64_t> lengths;
-         for (int64_t b = 0; b < s.B; ++b) lengths.push_back(b == 0 ? s.M : 0);  // item 1: no keys at all
-         return Mask::key_padding(lengths);
-       }},
-      {"sliding_window", [](const Dims&) { return Mask::sliding_window(20, 5); }},
-      {"block_sparse_odd",
-       [](const Dims& s) {
-         return Mask::block_sparse({5, 7, random_bool({s.H, (s.N + 4) / 5, (s.M + 6) / 7}, 22, 0.4f)});
-       }},
-      {"allow_nm",
-       [](const Dims& s) {
-         Tensor allowed = random_bool({s.N, s.M}, 23, 0.7f);
-         for (int64_t j = 0; j < s.M; ++j) allowed.data<uint8_t>()[3 * s.M + j] = 0;  // row 3 fully blocked
-         return Mask::allow(allowed);
-       }},
-      {"additive_hnm",
-       [](const Dims& s) {
-         Tensor bias = test::random_tensor({s.H, s.N, s.M}, 24, -3.0f, 3.0f);
-         for (int64_t n = 0; n < bias.numel(); n += 7) bias.data<float>()[n] = -INFINITY;
-         return Mask::additive(bias);
-       }},
-      {"causal_and_padding",
-       [](const Dims& s) {
-         return Mask::causal() & Mask::key_padding({s.M, s.M / 2 + 1});
-       }},
-      {"window_block_allow_additive",
-       [](const Dims& s) {
-         return Mask::sliding_window(30, 10) &
-                Mask::block_sparse({8, 8, random_bool({s.H, (s.N + 7) / 8, (s.M + 7) / 8}, 27, 0.7f)}) &
-                Mask::allow(random_bool({s.B, 1, s.N, s.M}, 28, 0.8f)) &
-                Mask::additive(test::random_tensor({s.N, s.M}, 29, -1.0f, 1.0f));
-       }},
-  };
+  std::vector<MaskCase> cases =
+      test::pick(test::tile_mask_cases(), {"none", "causal", "causal_top_left", "key_padding", "sliding_window",
+                                           "block_sparse_odd", "allow_nm", "additive_hnm"});
+  cases.push_back({"causal_and_padding", [](const Dims& s) {
+                     return Mask::causal() & Mask::key_padding({s.M, s.M / 2 + 1});
+                   }});
+  cases.push_back({"window_block_allow_additive", [](const Dims& s) {
+                     return Mask::sliding_window(30, 10) & Mask::block_sparse(test::random_layout(s, 8, 8, 27, 0.7f)) &
+                            Mask::allow(test::random_bool({s.B, 1, s.N, s.M}, 28, 0.8f)) &
+                            Mask::additive(test::random_tensor({s.N, s.M}, 29, -1.0f, 1.0f));
+                   }});
+  return cases;
 }
 
 // --- paths ------------------------------------------------------------------------------------
@@ -184,44 +133,20 @@ std::vector<Bf16Isa> backward_paths() {
 
 // --- running the kernels ----------------------------------------------------------------------
 
-struct Outcome {
-  Tensor out, lse;
-  AttentionGrads grads;
-};
-
 // The fp32 reference on the bf16 values.
 Outcome run_reference(const Inputs& in, const AttentionOptions& options, bool backward) {
-  const Dims& s = in.s;
-  Outcome r;
-  r.out = Tensor::zeros({s.B, s.N, s.H, s.dv});
-  r.lse = Tensor::zeros({s.B, s.H, s.N});
-  attention_reference_forward(in.q.f32, in.k.f32, in.v.f32, options, r.out, nullptr, &r.lse);
-  if (backward) {
-    r.grads = {Tensor::full(in.q.f32.shape(), NAN), Tensor::full(in.k.f32.shape(), NAN),
-               Tensor::full(in.v.f32.shape(), NAN)};
-    attention_reference_backward({in.q.f32, in.k.f32, in.v.f32, r.out, Tensor()}, in.g, options, r.grads);
-  }
-  return r;
-}
-
-// Gradients as head views of buffers full of NaN (dk and dv share one), as nn/ allocates them.
-AttentionGrads strided_grads(const Dims& s) {
-  const Tensor kv = Tensor::full({s.B, s.M, s.H, s.d + s.dv}, NAN);
-  return {Tensor::full({s.B, s.N, s.H, s.d + 1}, NAN).narrow(3, 0, s.d), kv.narrow(3, 0, s.d), kv.narrow(3, s.d, s.dv)};
+  return test::run_reference(in.q.f32, in.k.f32, in.v.f32, in.g, options, backward);
 }
 
 void run_backward(const Inputs& in, const Outcome& saved, const AttentionOptions& options, const FlashConfig& config,
                   Outcome& r) {
-  r.grads = strided_grads(in.s);
+  r.grads = test::strided_grads(in.s);
   attention_flash_bf16_backward({in.q.bf, in.k.bf, in.v.bf, saved.out, saved.lse}, in.g, options, r.grads, config);
 }
 
 // The bf16 kernels on the current path; out is a strided view inside a wider buffer.
 Outcome run_bf16(const Inputs& in, const AttentionOptions& options, const FlashConfig& config, bool backward) {
-  const Dims& s = in.s;
-  Outcome r;
-  r.out = Tensor::full({s.B, s.N, s.H, s.dv + 3}, NAN).narrow(3, 1, s.dv);
-  r.lse = Tensor::full({s.B, s.H, s.N}, NAN);
+  Outcome r = test::strided_outputs(in.s);
   attention_flash_bf16_forward(in.q.bf, in.k.bf, in.v.bf, options, r.out, &r.lse, config);
   if (backward) run_backward(in, r, options, config, r);
   return r;
@@ -273,11 +198,9 @@ Bounds derive_bounds(const Inputs& in, const AttentionOptions& options, const Ou
   const double u = kUBf16, keep = 1.0 / (1.0 - options.dropout), scale = attention_scale(options, s.d);
   const double qmax = max_abs(in.q.f32), kmax = max_abs(in.k.f32), vmax = max_abs(in.v.f32), gmax = max_abs(in.g);
   const double dv = static_cast<double>(s.dv);
-  double bias = 0;
-  for (const Tensor& t : options.mask.biases()) bias += max_abs(t);
   Bounds b{};
-  b.smax = scale * static_cast<double>(s.d) * qmax * kmax + bias;
-  b.rel = 2.0 * (2.0 * gamma_n(s.d) * b.smax + 2.0 * gamma_n(s.dv) + gamma_n(std::max(s.N, s.M)) + 8.0 * kU);
+  b.smax = test::smax_bound(scale, in.q.f32, in.k.f32, options.mask);
+  b.rel = 2.0 * test::relative_bound(s, b.smax);
   // fp32 magnitudes as in test_attention_flash.cpp (dS from dv-long dots; dK with column sums).
   const double ds_mag = dv * gmax * vmax;
   const double fp32_out = b.rel * keep * vmax;
@@ -320,29 +243,9 @@ void expect_same_roundings(const Tensor& path, const Tensor& portable, const Ten
   EXPECT_LE(between, kShare * to_ref) << what;
 }
 
-void expect_within(const Tensor& actual, const Tensor& expected, double tol, const std::string& what) {
-  const auto cmp = test::compare(actual, expected, 0.0, tol);
-  EXPECT_TRUE(cmp.ok) << what << ": max |diff| " << cmp.max_abs_diff << " > tolerance " << tol << "; first mismatch "
-                      << cmp.first_bad;
-}
-
-struct Case {
-  Dims s;
-  AttentionOptions options;
-  FlashConfig config{};
-  bool strided = true;
-  uint64_t seed = 1;
-  float qk_range = 1.0f;
-};
-
-std::string describe(const Case& c) {
-  return describe(c.s) + " tiles " + std::to_string(c.config.block_q) + "x" + std::to_string(c.config.block_k) +
-         (c.strided ? " strided" : "") + (c.options.dropout > 0 ? " dropout" : "");
-}
-
 // Forward and backward on every path against the reference; every fast path against portable
 // (forward from the same inputs; backward from the same saved output and lse).
-void check_backward(const Case& c) {
+void check_backward(const FlashCase& c) {
   SCOPED_TRACE(describe(c));
   const Inputs in = make_inputs(c.s, c.seed, c.strided, c.qk_range);
   const Outcome ref = run_reference(in, c.options, true);
@@ -379,18 +282,14 @@ void check_backward(const Case& c) {
 // --- forward ----------------------------------------------------------------------------------
 
 // The forward alone (as before the backward existed), on every forward path.
-void check_forward(const Case& c) {
+void check_forward(const FlashCase& c) {
   SCOPED_TRACE(describe(c));
   const Inputs in = make_inputs(c.s, c.seed, c.strided, c.qk_range);
   const Outcome ref = run_reference(in, c.options, false);
   const WeightStats w = weight_stats(in, c.options);
   const double keep = 1.0 / (1.0 - c.options.dropout), vmax = max_abs(in.v.f32);
-  double bias = 0;
-  for (const Tensor& t : c.options.mask.biases()) bias += max_abs(t);
-  const double smax =
-      attention_scale(c.options, c.s.d) * static_cast<double>(c.s.d) * max_abs(in.q.f32) * max_abs(in.k.f32) + bias;
-  const double rel =
-      2.0 * (2.0 * gamma_n(c.s.d) * smax + 2.0 * gamma_n(c.s.dv) + gamma_n(std::max(c.s.N, c.s.M)) + 8.0 * kU);
+  const double smax = test::smax_bound(attention_scale(c.options, c.s.d), in.q.f32, in.k.f32, c.options.mask);
+  const double rel = 2.0 * test::relative_bound(c.s, smax);
   Outcome portable;
   for (Bf16Isa isa : forward_paths()) {
     ScopedIsa scoped(isa);
@@ -423,18 +322,16 @@ TEST(AttentionFlashBf16, ForwardOddSizesTilesAndThreads) {
 }
 
 TEST(AttentionFlashBf16, ForwardEveryMaskKind) {
-  const Dims s{2, 41, 67, 2, 24, 24};
-  for (const MaskCase& mc : mask_cases())
-    for (const FlashConfig& config : {FlashConfig{}, FlashConfig{9, 16}}) {
-      SCOPED_TRACE("mask " + mc.name);
-      Case c{s, {}, config};
-      c.options.mask = mc.make(s);
+  for (const MaskCase& mc : mask_cases()) {
+    SCOPED_TRACE("mask " + mc.name);
+    for (const FlashCase& c :
+         test::mask_sweep(mc, {Dims{2, 41, 67, 2, 24, 24}}, {FlashConfig{}, FlashConfig{9, 16}}, 1))
       check_forward(c);
-    }
+  }
 }
 
 TEST(AttentionFlashBf16, ForwardDropoutMatchesReferenceDecisions) {
-  Case c{{1, 33, 40, 2, 16, 16}, {}, {}, false};
+  FlashCase c{{1, 33, 40, 2, 16, 16}, {}, {}, false};
   c.options.dropout = 0.3f;
   c.options.dropout_seed = 99;
   c.options.dropout_offset = 4;
@@ -466,11 +363,8 @@ TEST(AttentionFlashBf16, ForwardFullyMaskedRowsGiveZeroAndMinusInfLse) {
 // A sample of N, M ∈ {1, 2, 17, 63, 64, 65, 127, 129, 257} × d ∈ {1, 8, 32, 64, 80, 128} in which
 // every value of each appears; dv ≠ d in most. Even cases add a causal mask and odd tiles, every
 // third dropout; the reference (scalar, N×M) is what limits the sizes.
-struct SizeCase {
-  int64_t N, M, d, dv;
-};
-const std::vector<SizeCase>& size_cases() {
-  static const std::vector<SizeCase> cases = {
+const std::vector<test::SizeCase>& size_cases() {
+  static const std::vector<test::SizeCase> cases = {
       {1, 1, 1, 3},       {2, 1, 8, 8},    {1, 17, 32, 16},    {17, 2, 64, 40},    {63, 64, 80, 48},
       {64, 63, 128, 64},  {65, 65, 8, 24}, {127, 129, 32, 32}, {129, 127, 1, 5},   {257, 65, 80, 64},
       {65, 257, 128, 96}, {2, 2, 80, 80},  {63, 63, 64, 1},    {257, 257, 64, 64},
@@ -481,63 +375,32 @@ const std::vector<SizeCase>& size_cases() {
 class BackwardSizes : public ::testing::TestWithParam<size_t> {};
 
 TEST_P(BackwardSizes, MatchesReferenceOnEveryPath) {
-  const SizeCase sc = size_cases()[GetParam()];
-  const int64_t heads = sc.N * sc.M * sc.d > 2'000'000 ? 1 : 2;
-  Case c{{heads, sc.N, sc.M, heads, sc.d, sc.dv}, {}};
-  c.seed = 10 + GetParam();
-  if (GetParam() % 2 == 0) {
-    c.options.mask = Mask::causal();
-    c.config = {13, 20};
-    c.strided = false;
-  }
-  if (GetParam() % 3 == 0) {
-    c.options.dropout = 0.2f;
-    c.options.dropout_seed = GetParam();
-  }
-  check_backward(c);
+  const std::optional<FlashConfig> causal_tiles =
+      GetParam() % 2 == 0 ? std::optional<FlashConfig>({13, 20}) : std::nullopt;
+  check_backward(test::size_case(size_cases()[GetParam()], 2'000'000, GetParam(), causal_tiles));
 }
-INSTANTIATE_TEST_SUITE_P(Sample, BackwardSizes, ::testing::Range<size_t>(0, size_cases().size()), [](const auto& info) {
-  const SizeCase c = size_cases()[info.param];
-  return "N" + std::to_string(c.N) + "_M" + std::to_string(c.M) + "_d" + std::to_string(c.d) + "_dv" +
-         std::to_string(c.dv);
-});
+INSTANTIATE_TEST_SUITE_P(Sample, BackwardSizes, ::testing::Range<size_t>(0, size_cases().size()),
+                         [](const auto& info) { return test::size_case_name(size_cases()[info.param]); });
 
 class BackwardMasks : public ::testing::TestWithParam<size_t> {};
 
 TEST_P(BackwardMasks, MatchesReferenceOnEveryPath) {
-  const MaskCase mc = mask_cases()[GetParam()];
-  const Dims s{2, 41, 67, 2, 24, 16};
-  for (const FlashConfig& config : {FlashConfig{}, FlashConfig{9, 13}}) {
-    Case c{s, {}, config};
-    c.options.mask = mc.make(s);
-    c.seed = 100 + GetParam();
+  for (const FlashCase& c : test::mask_sweep(mask_cases()[GetParam()], {Dims{2, 41, 67, 2, 24, 16}},
+                                             {FlashConfig{}, FlashConfig{9, 13}}, 100 + GetParam()))
     check_backward(c);
-  }
 }
 INSTANTIATE_TEST_SUITE_P(All, BackwardMasks, ::testing::Range<size_t>(0, mask_cases().size()),
                          [](const auto& info) { return mask_cases()[info.param].name; });
 
 TEST(AttentionFlashBf16Backward, DropoutWithMasks) {
-  for (float p : {0.1f, 0.5f}) {
-    Case c{{2, 77, 91, 2, 24, 32}, {}, {32, 16}};
-    c.options.dropout = p;
-    c.options.dropout_seed = 5;
-    c.options.dropout_offset = 3;
-    c.options.mask = Mask::causal() & Mask::key_padding({91, 40});
-    check_backward(c);
-    c.options.mask = Mask::sliding_window(10, 10);
-    c.config = {};
-    check_backward(c);
-  }
+  for (const FlashCase& c : test::dropout_with_masks_cases(32, {FlashConfig{}})) check_backward(c);
 }
 
 TEST(AttentionFlashBf16Backward, TileSizes) {
-  for (const FlashConfig& config : {FlashConfig{1, 1}, FlashConfig{3, 5}, FlashConfig{7, 16}, FlashConfig{13, 20},
-                                    FlashConfig{200, 7}, FlashConfig{7, 200}}) {
-    Case c{{2, 100, 90, 2, 20, 12}, {}, config};
-    c.options.mask = Mask::causal() & Mask::key_padding({90, 47});
+  for (const FlashCase& c : test::tile_size_cases({2, 100, 90, 2, 20, 12}, 47,
+                                                  {FlashConfig{1, 1}, FlashConfig{3, 5}, FlashConfig{7, 16},
+                                                   FlashConfig{13, 20}, FlashConfig{200, 7}, FlashConfig{7, 200}}))
     check_backward(c);
-  }
 }
 
 TEST(AttentionFlashBf16Backward, ThreadCounts) {
@@ -545,11 +408,10 @@ TEST(AttentionFlashBf16Backward, ThreadCounts) {
   // three (whole heads per thread). Equal thread counts give equal bits; the portable path and
   // dk, dv (one writer per key tile) are bitwise independent of the thread count; dq of the SIMD
   // path may differ between 1 and 2 threads by the order of a few fp32 additions.
-  for (const Dims& s : {Dims{1, 300, 300, 1, 32, 32}, Dims{1, 130, 200, 3, 16, 8}}) {
-    SCOPED_TRACE(describe(s));
-    AttentionOptions options;
-    options.mask = Mask::causal();
-    const Inputs in = make_inputs(s, 1, true);
+  for (const FlashCase& c : test::thread_count_cases()) {
+    SCOPED_TRACE(describe(c));
+    const AttentionOptions& options = c.options;
+    const Inputs in = make_inputs(c.s, c.seed, c.strided);
     const Outcome ref = run_reference(in, options, true);
     const Bounds b = derive_bounds(in, options, ref);
     for (Bf16Isa isa : backward_paths()) {
@@ -558,7 +420,7 @@ TEST(AttentionFlashBf16Backward, ThreadCounts) {
       Outcome runs[2][2];
       for (int threads : {1, 2}) {
         test::ScopedThreads scoped_threads(threads);
-        for (Outcome& r : runs[threads - 1]) r = run_bf16(in, options, {32, 32}, true);
+        for (Outcome& r : runs[threads - 1]) r = run_bf16(in, options, c.config, true);
       }
       for (const auto& pair : runs) {
         EXPECT_EQ(pair[0].out.to_vector(), pair[1].out.to_vector());
@@ -589,48 +451,21 @@ TEST(AttentionFlashBf16Backward, FullyMaskedRowsAndKeysGiveZeros) {
   for (Bf16Isa isa : backward_paths()) {
     ScopedIsa scoped(isa);
     SCOPED_TRACE(attention_flash_bf16_backward_path());
-    const Outcome r = run_bf16(in, options, {16, 16}, true);
-    for (int64_t b = 0; b < s.B; ++b)
-      for (int64_t h = 0; h < s.H; ++h) {
-        for (int64_t i = 0; i < s.N; ++i) {
-          if (b == 0 && i >= 30) continue;
-          EXPECT_EQ(r.lse.at({b, h, i}), -INFINITY);
-          for (int64_t c = 0; c < s.dv; ++c) ASSERT_EQ(r.out.at({b, i, h, c}), 0.0f) << b << " " << i;
-          for (int64_t c = 0; c < s.d; ++c) ASSERT_EQ(r.grads.dq.at({b, i, h, c}), 0.0f) << b << " " << i;
-        }
-        for (int64_t j = 0; j < s.M; ++j) {
-          if (b == 0 && j < 35) continue;
-          for (int64_t c = 0; c < s.d; ++c) ASSERT_EQ(r.grads.dk.at({b, j, h, c}), 0.0f);
-          for (int64_t c = 0; c < s.dv; ++c) ASSERT_EQ(r.grads.dv.at({b, j, h, c}), 0.0f);
-        }
-      }
+    test::expect_zeros_where_fully_masked(run_bf16(in, options, {16, 16}, true), s, 35);
   }
   check_backward({s, options, {16, 16}});
 }
 
 TEST(AttentionFlashBf16Backward, VeryLargeLogits) {
-  // Scaled scores up to ±1.4·10^4 (|q|, |k| <= 30, d = 64, scale 1/8): exp overflows unless every
-  // exponent is relative to the running maximum (forward) or to lse (backward); nearly one-hot
-  // softmax, where the bf16 rounding of P ≈ 1 matters most.
-  for (const Mask& mask : {Mask(), Mask::causal()}) {
-    Case c{{1, 150, 140, 2, 64, 32}, {}, {32, 32}};
-    c.options.mask = mask;
-    c.qk_range = 30.0f;
-    c.seed = 7;
-    check_backward(c);
-  }
+  // Nearly one-hot softmax, where the bf16 rounding of P ≈ 1 matters most.
+  for (const FlashCase& c : test::large_logits_cases()) check_backward(c);
 }
 
 TEST(AttentionFlashBf16Backward, ExplicitScaleAndSingleKey) {
-  Case c{{1, 50, 60, 2, 16, 16}, {}};
+  FlashCase c{{1, 50, 60, 2, 16, 16}, {}};
   c.options.scale = 0.9f;
   check_backward(c);
-  for (int64_t N : {1, 9, 70}) {
-    Case one{{2, N, 1, 2, 16, 16}, {}};
-    check_backward(one);
-    one.options.mask = Mask::key_padding({1, 0});
-    check_backward(one);
-  }
+  for (const FlashCase& one : test::single_key_cases()) check_backward(one);
 }
 
 TEST(AttentionFlashBf16Backward, RejectsBadArguments) {

@@ -4,11 +4,11 @@
 // implementation.
 #include "kernels/attention_reference.h"
 #include "kernels/block_sparse.h"
+#include "util/attention_cases.h"
 #include "util/test_util.h"
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -16,40 +16,9 @@
 namespace cabm {
 namespace {
 
-struct Dims {
-  int64_t B, N, M, H, d, dv;
-};
-
-// Error bounds (Higham 2002, "Accuracy and Stability of Numerical Algorithms", §3.1): a float sum
-// or dot product of L terms is off by at most γ_L = L·u / (1 − L·u) times the sum of the terms'
-// magnitudes, u = 2^-24. For attention computed in float against exact math:
-//  - a score s = scale·q·k + bias is off by γ_d·smax, smax bounding |scale·Σ_c q_c k_c| + |bias|;
-//  - a weight a_j = exp(s_j − lse) is then off by a relative 2·γ_d·smax (s_j and lse), plus a few
-//    u for exp, the maximum subtraction and the division (8u covers them);
-//  - o = Σ_j a_j v_j adds γ_M relative to Σ_j a_j |v_j| <= vmax.
-// Gradients add the dv-long dots dP = g·v and D = g·o and the N- or M-long sums of dQ, dK, dV, so
-// their relative bound is the same expression with γ_dv and γ_max(N, M) added; we measure it
-// against the largest element of each tensor (a norm-wise bound).
-constexpr double kU = 0x1p-24;
-double gamma_n(int64_t n) { return static_cast<double>(n) * kU / (1.0 - static_cast<double>(n) * kU); }
-double relative_bound(const Dims& s, double smax) {
-  return 2.0 * gamma_n(s.d) * smax + 2.0 * gamma_n(s.dv) + gamma_n(std::max(s.N, s.M)) + 8.0 * kU;
-}
-
-double max_abs(const Tensor& t) {
-  double m = 0;
-  for (float x : t.to_vector())
-    if (std::isfinite(x)) m = std::max(m, static_cast<double>(std::fabs(x)));
-  return m;
-}
-
-// A [B, L, H, d] head view. Strided: heads of a [B, L, 2, H, d + 1] buffer (row stride 2·H·(d+1),
-// head stride d + 1), as nn/ produces them from a fused projection.
-Tensor make_heads(int64_t B, int64_t L, int64_t H, int64_t d, uint64_t seed, bool strided, float lo = -1.0f,
-                  float hi = 1.0f) {
-  if (!strided) return test::random_tensor({B, L, H, d}, seed, lo, hi);
-  return test::random_tensor({B, L, 2, H, d + 1}, seed, lo, hi).select(2, 1).narrow(3, 0, d);
-}
+using test::Dims;
+using test::max_abs;
+using test::MaskCase;
 
 // --- the mask, re-evaluated from its definition ----------------------------------------------
 
@@ -88,13 +57,12 @@ double naive_mask(const Mask& mask, const Dims& s, int64_t b, int64_t h, int64_t
   return bias;
 }
 
-double max_abs_bias(const Mask& mask) {
-  double m = 0;
-  for (const Tensor& t : mask.biases()) m += max_abs(t);
-  return m;
-}
-
 // --- naive attention in double ----------------------------------------------------------------
+
+// The scale of the scores, not taken from kernels/ (attention_scale) and in double.
+double naive_scale(const AttentionOptions& options, int64_t d) {
+  return options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(d));
+}
 
 struct Naive {
   std::vector<double> out;  // [B, N, H, dv]
@@ -102,8 +70,8 @@ struct Naive {
 };
 
 Naive naive_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options) {
-  const Dims s{q.size(0), q.size(1), k.size(1), q.size(2), q.size(3), v.size(3)};
-  const double scale = options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(s.d));
+  const Dims s = test::dims_of(q, k, v);
+  const double scale = naive_scale(options, s.d);
   Naive r;
   r.out.assign(static_cast<size_t>(s.B * s.N * s.H * s.dv), 0.0);
   r.lse.assign(static_cast<size_t>(s.B * s.H * s.N), 0.0);
@@ -137,9 +105,10 @@ Naive naive_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Att
   return r;
 }
 
-double smax_bound(const Tensor& q, const Tensor& k, const AttentionOptions& options) {
-  const double scale = options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-  return std::fabs(scale) * static_cast<double>(q.size(3)) * max_abs(q) * max_abs(k) + max_abs_bias(options.mask);
+// Tolerances: the bound of one float kernel against exact math (test::relative_bound, Higham 2002),
+// applied to the largest element of each tensor (norm-wise).
+double relative_bound(const Dims& s, const Tensor& q, const Tensor& k, const AttentionOptions& options) {
+  return test::relative_bound(s, test::smax_bound(naive_scale(options, s.d), q, k, options.mask));
 }
 
 // Compares a float tensor to double values in logical order with an absolute tolerance.
@@ -169,29 +138,10 @@ double max_abs(const std::vector<double>& x) {
 
 // --- mask cases ---------------------------------------------------------------------------------
 
-struct MaskCase {
-  std::string name;
-  std::function<Mask(const Dims&)> make;
-};
-
-Tensor random_bool(const Shape& shape, uint64_t seed, float p_true) {
-  Tensor t = Tensor::empty(shape, DType::BOOL);
-  Rng rng(seed);
-  uint8_t* p = t.data<uint8_t>();
-  for (int64_t n = 0; n < t.numel(); ++n) p[n] = rng.next_uniform() < p_true;
-  return t;
-}
-
-BlockSparseLayout random_layout(const Dims& s, int64_t bq, int64_t bk, uint64_t seed) {
-  BlockSparseLayout layout{bq, bk, random_bool({s.H, (s.N + bq - 1) / bq, (s.M + bk - 1) / bk}, seed, 0.5f)};
-  return layout;
-}
-
+// At the small sizes that the naive double math and finite differences allow.
 std::vector<MaskCase> mask_cases() {
-  return {
-      {"none", [](const Dims&) { return Mask(); }},
-      {"causal", [](const Dims&) { return Mask::causal(); }},
-      {"causal_top_left", [](const Dims&) { return Mask::causal(CausalAlign::kTopLeft); }},
+  std::vector<MaskCase> cases = test::plain_mask_cases();
+  const std::vector<MaskCase> sized = {
       {"key_padding",
        [](const Dims& s) {
          std::vector<int64_t> lengths;
@@ -202,14 +152,14 @@ std::vector<MaskCase> mask_cases() {
       {"sliding_window", [](const Dims&) { return Mask::sliding_window(3, 1); }},
       {"window_left_only", [](const Dims&) { return Mask::sliding_window(2, Mask::kUnbounded); }},
       {"window_zero", [](const Dims&) { return Mask::sliding_window(0, 0); }},
-      {"block_sparse", [](const Dims& s) { return Mask::block_sparse(random_layout(s, 2, 3, 11)); }},
+      {"block_sparse", [](const Dims& s) { return Mask::block_sparse(test::random_layout(s, 2, 3, 11, 0.5f)); }},
       {"bigbird",
        [](const Dims& s) {
          return Mask::block_sparse(bigbird_layout(s.N, s.M, {.block = 2, .local_blocks = 1, .global_blocks = 1,
                                                              .random_blocks = 1, .heads = s.H, .seed = 3}));
        }},
-      {"allow_nm", [](const Dims& s) { return Mask::allow(random_bool({s.N, s.M}, 5, 0.6f)); }},
-      {"allow_b1nm", [](const Dims& s) { return Mask::allow(random_bool({s.B, 1, s.N, s.M}, 6, 0.6f)); }},
+      {"allow_nm", [](const Dims& s) { return Mask::allow(test::random_bool({s.N, s.M}, 5, 0.6f)); }},
+      {"allow_b1nm", [](const Dims& s) { return Mask::allow(test::random_bool({s.B, 1, s.N, s.M}, 6, 0.6f)); }},
       {"additive_hnm",
        [](const Dims& s) {
          Tensor bias = test::random_tensor({s.H, s.N, s.M}, 7, -2.0f, 2.0f);
@@ -224,21 +174,21 @@ std::vector<MaskCase> mask_cases() {
        }},
       {"window_block_allow",
        [](const Dims& s) {
-         return Mask::sliding_window(4, 2) & Mask::block_sparse(random_layout(s, 3, 2, 12)) &
-                Mask::allow(random_bool({s.B, s.H, s.N, s.M}, 13, 0.8f));
+         return Mask::sliding_window(4, 2) & Mask::block_sparse(test::random_layout(s, 3, 2, 12, 0.5f)) &
+                Mask::allow(test::random_bool({s.B, s.H, s.N, s.M}, 13, 0.8f));
        }},
   };
+  cases.insert(cases.end(), sized.begin(), sized.end());
+  return cases;
 }
 
 // --- forward ------------------------------------------------------------------------------------
 
 void check_forward(const Dims& s, const AttentionOptions& options, bool strided, uint64_t seed,
-                   float lo = -1.0f, float hi = 1.0f) {
-  const Tensor q = make_heads(s.B, s.N, s.H, s.d, seed, strided, lo, hi);
-  const Tensor k = make_heads(s.B, s.M, s.H, s.d, seed + 1, strided, lo, hi);
-  const Tensor v = make_heads(s.B, s.M, s.H, s.dv, seed + 2, strided);
+                   float qk_range = 1.0f) {
+  const auto [q, k, v, g] = test::random_inputs(s, seed, strided, qk_range);
   const Naive expected = naive_forward(q, k, v, options);
-  const double rel = relative_bound(s, smax_bound(q, k, options));
+  const double rel = relative_bound(s, q, k, options);
   const double vmax = max_abs(v) / (1.0 - options.dropout);
   for (int threads : {1, 2}) {
     test::ScopedThreads scoped(threads);
@@ -259,7 +209,7 @@ TEST_P(ReferenceForwardMasks, MatchesNaiveDouble) {
   const MaskCase mask_case = mask_cases()[GetParam()];
   SCOPED_TRACE(mask_case.name);
   for (const Dims& s : {Dims{2, 7, 9, 2, 5, 3}, Dims{2, 9, 5, 3, 4, 4}, Dims{1, 1, 1, 1, 1, 1}, Dims{3, 13, 13, 1, 8, 6}}) {
-    SCOPED_TRACE(testing::Message() << "B=" << s.B << " N=" << s.N << " M=" << s.M << " H=" << s.H << " d=" << s.d);
+    SCOPED_TRACE(describe(s));
     AttentionOptions options;
     options.mask = mask_case.make(s);
     check_forward(s, options, /*strided=*/true, 100 + s.N);
@@ -274,8 +224,7 @@ TEST(ReferenceForward, FullyMaskedRowsAreZero) {
   AttentionOptions options;
   // Bottom-right causal with N > M: queries 0, 1 see no key. Batch item 1 has no keys at all.
   options.mask = Mask::causal() & Mask::key_padding({4, 0});
-  const Tensor q = make_heads(s.B, s.N, s.H, s.d, 1, false), k = make_heads(s.B, s.M, s.H, s.d, 2, false);
-  const Tensor v = make_heads(s.B, s.M, s.H, s.dv, 3, false);
+  const auto [q, k, v, g] = test::random_inputs(s, 1, false);
   Tensor out = Tensor::full({s.B, s.N, s.H, s.dv}, NAN), lse = Tensor::empty({s.B, s.H, s.N});
   Tensor weights = Tensor::full({s.B, s.H, s.N, s.M}, NAN);
   attention_reference_forward(q, k, v, options, out, &weights, &lse);
@@ -295,9 +244,9 @@ TEST(ReferenceForward, LargeLogitsDoNotOverflow) {
   const Dims s{1, 6, 7, 2, 4, 3};
   AttentionOptions options;
   options.scale = 1.0f;
-  check_forward(s, options, false, 31, -100.0f, 100.0f);
+  check_forward(s, options, false, 31, 100.0f);
   options.mask = Mask::causal();
-  check_forward(s, options, true, 32, -100.0f, 100.0f);
+  check_forward(s, options, true, 32, 100.0f);
 }
 
 TEST(ReferenceForward, Dropout) {
@@ -381,10 +330,7 @@ FiniteDifferences finite_differences(const Tensor& q, const Tensor& k, const Ten
 
 void check_backward(const Dims& s, const AttentionOptions& options, bool strided, uint64_t seed) {
   // Inputs in [−2, 2] for a softmax that is neither uniform nor one-hot.
-  const Tensor q = make_heads(s.B, s.N, s.H, s.d, seed, strided, -2.0f, 2.0f);
-  const Tensor k = make_heads(s.B, s.M, s.H, s.d, seed + 1, strided, -2.0f, 2.0f);
-  const Tensor v = make_heads(s.B, s.M, s.H, s.dv, seed + 2, strided);
-  const Tensor g = make_heads(s.B, s.N, s.H, s.dv, seed + 3, strided);
+  const auto [q, k, v, g] = test::random_inputs(s, seed, strided, 2.0f);
   const FiniteDifferences fd = finite_differences(q, k, v, g, options);
 
   Tensor out = Tensor::empty({s.B, s.N, s.H, s.dv});
@@ -396,7 +342,7 @@ void check_backward(const Dims& s, const AttentionOptions& options, bool strided
                                Tensor::full(v.shape(), NAN)};
     attention_reference_backward(saved, g, options, grads);
     // FD differences carry their own error ~1e-9 (above); float rounding dominates (see relative_bound).
-    const double rel = relative_bound(s, smax_bound(q, k, options));
+    const double rel = relative_bound(s, q, k, options);
     expect_near(grads.dq, fd.dq, rel * max_abs(fd.dq) + 1e-7, "dq");
     expect_near(grads.dk, fd.dk, rel * max_abs(fd.dk) + 1e-7, "dk");
     expect_near(grads.dv, fd.dv, rel * max_abs(fd.dv) + 1e-7, "dv");
@@ -437,8 +383,7 @@ TEST(ReferenceBackward, FullyMaskedRowsHaveZeroGradient) {
   const Dims s{2, 5, 3, 1, 2, 2};
   AttentionOptions options;
   options.mask = Mask::causal() & Mask::key_padding({3, 0});  // rows 0, 1 of item 0 and all of item 1
-  const Tensor q = make_heads(s.B, s.N, s.H, s.d, 1, false), k = make_heads(s.B, s.M, s.H, s.d, 2, false);
-  const Tensor v = make_heads(s.B, s.M, s.H, s.dv, 3, false), g = make_heads(s.B, s.N, s.H, s.dv, 4, false);
+  const auto [q, k, v, g] = test::random_inputs(s, 1, false);
   Tensor out = Tensor::empty({s.B, s.N, s.H, s.dv});
   attention_reference_forward(q, k, v, options, out);
   const AttentionGrads grads{Tensor::full(q.shape(), NAN), Tensor::full(k.shape(), NAN), Tensor::full(v.shape(), NAN)};
