@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Trains the same character-level causal LM (architecture, hyper-parameters, data split,
-# initial weights) with PyTorch 1.13 and with cabm, one after the other on the same threads,
-# and prints a markdown table: training tokens/s and validation loss after the same steps.
+# initial weights, and the same training windows in the same order: bench/train_pytorch.py draws
+# cabm's) with PyTorch 1.13 and with cabm, one after the other on the same threads, and prints a
+# markdown table: training tokens/s and validation loss after the same steps.
 #
-#   bench/train_compare.sh [--preset default|big] [--steps N] [--threads N] [--cabm PATH]
+#   bench/train_compare.sh [--preset default|big] [--steps N] [--threads N] [--seed S] [--cabm PATH]
 #
 # default: `cabm train`'s default model; big: the 6-layer E=256, H=8, F=1024, B=32, T=128
 # encoder of the reference numbers. Data: the fortunes corpus concatenated into one UTF-8 file
@@ -12,12 +13,13 @@ set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
-preset=default steps="" threads=2 cabm="$root/build/release/cabm" python=/usr/bin/python3
+preset=default steps="" threads=2 seed=1337 cabm="$root/build/release/cabm" python=/usr/bin/python3
 while [ $# -gt 0 ]; do
   case "$1" in
     --preset) preset="$2"; shift 2 ;;
     --steps) steps="$2"; shift 2 ;;
     --threads) threads="$2"; shift 2 ;;
+    --seed) seed="$2"; shift 2 ;;
     --cabm) cabm="$2"; shift 2 ;;
     *) echo "train_compare.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -28,7 +30,7 @@ case "$preset" in
   big) model=(--layers 6 --heads 8 --d-model 256 --d-ff 1024 --batch-size 32 --seq-len 128); steps="${steps:-20}" ;;
   *) echo "train_compare.sh: unknown preset $preset (default, big)" >&2; exit 2 ;;
 esac
-hyper=(--lr 2e-3 --warmup $((steps / 10 > 0 ? steps / 10 : 1)) --weight-decay 0.01 --clip 1.0 --dropout 0 --seed 1337)
+hyper=(--lr 2e-3 --warmup $((steps / 10 > 0 ? steps / 10 : 1)) --weight-decay 0.01 --clip 1.0 --dropout 0 --seed "$seed")
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/cabm-train-bench-XXXXXX")"
 trap 'rm -rf "$work"' EXIT

@@ -7,8 +7,11 @@ batch_first, norm_first, GELU, causal mask, final LayerNorm -> tied head), same
 hyper-parameters (AdamW with decay on matrices only, linear warm-up + cosine decay to 0.1 lr,
 clip 1.0), same data split (a UTF-8 file, the last 10% held out from a line boundary, as
 cabm's load_text_file), same validation windows (up to 64 windows of T + 1 bytes spread
-evenly over the held-out text). Training windows are drawn at random (torch's generator), so
-the batches differ from cabm's but are identically distributed.
+evenly over the held-out text). Training windows are, by default, the very windows `cabm train`
+draws for the same --seed (its Philox4x32-10 stream and Lemire's multiply-shift, reimplemented
+below), so the two frameworks see the same batches in the same order and differ only in their
+arithmetic; --windows torch draws them from torch's generator instead (identically distributed,
+different batches).
 
 Writes the initial weights (--init-out, safetensors with cabm's names, so `cabm train --init`
 starts from the same point) and prints one JSON line of results.
@@ -24,6 +27,46 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+
+MASK32, MASK64 = 0xFFFFFFFF, (1 << 64) - 1
+
+
+def splitmix64(x):  # nn/forward_mode.h
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def philox4x32(seed, counter_hi, counter_lo):  # core/rng.cpp
+    c0, c1 = counter_lo & MASK32, counter_lo >> 32
+    c2, c3 = counter_hi & MASK32, counter_hi >> 32
+    k0, k1 = seed & MASK32, seed >> 32
+    for _ in range(10):
+        p0, p1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
+        c0, c1, c2, c3 = (p1 >> 32) ^ c1 ^ k0, p1 & MASK32, (p0 >> 32) ^ c3 ^ k1, p0 & MASK32
+        k0, k1 = (k0 + 0x9E3779B9) & MASK32, (k1 + 0xBB67AE85) & MASK32
+    return c0, c1, c2, c3
+
+
+class CabmWindows:
+    """The training-window offsets of `cabm train`: Rng(data_seed(seed)) of train/lm_trainer.cpp
+    (host stream of core/rng.h) and sample_windows of io/text_data.cpp."""
+
+    HOST_STREAM = 0xC0FFEE << 32
+
+    def __init__(self, seed):
+        self.seed = splitmix64(seed ^ 0xDA7A5EED)
+        self.position = 0
+
+    def next_u32(self):
+        p = self.position
+        self.position += 1
+        return philox4x32(self.seed, self.HOST_STREAM, p // 4)[p % 4]
+
+    def offsets(self, count, n, T):
+        return [(self.next_u32() * (n - T)) >> 32 for _ in range(count)]
 
 
 def write_safetensors(path, tensors, metadata=None):
@@ -109,6 +152,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--eval-windows", type=int, default=64)
+    ap.add_argument("--windows", choices=["cabm", "torch"], default="cabm",
+                    help="training windows: cabm's for the same --seed (default) or torch's generator")
     ap.add_argument("--log-interval", type=int, default=0, help="print the mean loss every N steps (stderr)")
     ap.add_argument("--init-out", help="write the initial weights here (safetensors, cabm names)")
     args = ap.parse_args()
@@ -149,10 +194,14 @@ def main():
         return total / len(offsets)
 
     model.train()
+    cabm_windows = CabmWindows(args.seed)
     train_seconds, losses = 0.0, []
     for step in range(1, args.steps + 1):
         start = time.perf_counter()
-        offs = torch.randint(0, len(train_t) - T, (B,))
+        if args.windows == "cabm":
+            offs = cabm_windows.offsets(B, len(train_t), T)
+        else:
+            offs = torch.randint(0, len(train_t) - T, (B,))
         x = torch.stack([train_t[o:o + T] for o in offs])
         y = torch.stack([train_t[o + 1:o + T + 1] for o in offs])
         opt.zero_grad(set_to_none=False)
