@@ -45,6 +45,12 @@ std::vector<Case> cases() {
       out.push_back({5, 6, 0, ta, tb, 1.0f, 0.5f, 2});  // K = 0: c = beta·c
       out.push_back({64, 48, 128, ta, tb, 1.0f, 0.0f, 5});
     }
+  // Aᵀ·B with rows 4 KiB apart (ld a multiple of 1024 floats): gemm copies such an operand to
+  // padded rows first (see gemm.cpp). A's, B's and both, and K just below the copy's threshold.
+  out.push_back({24, 40, 300, true, false, 1.0f, 1.0f, 1024 - 24});
+  out.push_back({24, 40, 300, true, false, 0.5f, 0.0f, 1024 - 40});
+  out.push_back({64, 64, 256, true, false, 1.0f, 0.5f, 1024 - 64});
+  out.push_back({24, 40, 255, true, false, -1.0f, 1.0f, 1024 - 24});
   return out;
 }
 
