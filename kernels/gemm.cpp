@@ -43,7 +43,20 @@ const float* pad_rows(const float* src, int64_t rows, int64_t cols, int64_t ld, 
   return dst;
 }
 
+// Leading dimensions as oneDNN gets them: at least 1 even for degenerate operands.
+int64_t effective_lda(const MatrixRef& a) { return std::max<int64_t>(a.ld, a.transposed ? a.rows : a.cols); }
+int64_t effective_ldb(const MatrixRef& b) { return std::max<int64_t>(b.ld, b.transposed ? b.rows : b.cols); }
+
 }  // namespace
+
+GemmWorkspace gemm_workspace(const MatrixRef& a, const MatrixRef& b) {
+  GemmWorkspace w;
+  const int64_t M = a.rows, N = b.cols, K = a.cols;
+  if (!a.transposed || b.transposed || M == 0 || N == 0 || K == 0) return w;
+  if (rows_alias(effective_lda(a), K)) w.a_bytes = K * (M + kAliasPad) * 4;
+  if (rows_alias(effective_ldb(b), K)) w.b_bytes = K * (N + kAliasPad) * 4;
+  return w;
+}
 
 void gemm(const MatrixRef& a, const MatrixRef& b, float* c, int64_t ldc, float alpha, float beta) {
   check_operands(a, b, ldc);
@@ -55,12 +68,11 @@ void gemm(const MatrixRef& a, const MatrixRef& b, float* c, int64_t ldc, float a
     return;
   }
   // oneDNN needs ld >= 1 even for degenerate single-row/column operands.
-  const int64_t lda = std::max<int64_t>(a.ld, a.transposed ? M : K);
-  const int64_t ldb = std::max<int64_t>(b.ld, b.transposed ? K : N);
-  if (a.transposed && !b.transposed && (rows_alias(lda, K) || rows_alias(ldb, K))) {
+  const int64_t lda = effective_lda(a), ldb = effective_ldb(b);
+  if (const GemmWorkspace w = gemm_workspace(a, b); w.a_bytes > 0 || w.b_bytes > 0) {
     thread_local std::vector<float> a_copy, b_copy;
-    const float* ap = rows_alias(lda, K) ? pad_rows(a.data, K, M, lda, a_copy) : a.data;
-    const float* bp = rows_alias(ldb, K) ? pad_rows(b.data, K, N, ldb, b_copy) : b.data;
+    const float* ap = w.a_bytes > 0 ? pad_rows(a.data, K, M, lda, a_copy) : a.data;
+    const float* bp = w.b_bytes > 0 ? pad_rows(b.data, K, N, ldb, b_copy) : b.data;
     const dnnl_status_t status = dnnl_sgemm('T', 'N', M, N, K, alpha, ap, ap == a.data ? lda : M + kAliasPad, bp,
                                             bp == b.data ? ldb : N + kAliasPad, beta, c, ldc);
     CABM_CHECK(status == dnnl_success, "oneDNN sgemm failed with status {}", static_cast<int>(status));

@@ -25,6 +25,14 @@ struct MatrixRef {
 void gemm(const MatrixRef& a, const MatrixRef& b, float* c, int64_t ldc, float alpha = 1.0f,
           float beta = 0.0f);
 
+// The scratch gemm() takes for these operands: copies of an operand whose rows would alias in L1
+// (see gemm.cpp), one buffer for A's and one for B's, kept by the calling thread and reused (each
+// grows to the largest copy it has held). For memory accounting (`cabm memory`).
+struct GemmWorkspace {
+  int64_t a_bytes = 0, b_bytes = 0;
+};
+GemmWorkspace gemm_workspace(const MatrixRef& a, const MatrixRef& b);
+
 // Plain triple loop in double precision accumulation: the oracle the tests compare to.
 void gemm_reference(const MatrixRef& a, const MatrixRef& b, float* c, int64_t ldc, float alpha = 1.0f,
                     float beta = 0.0f);
