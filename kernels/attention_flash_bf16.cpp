@@ -659,24 +659,8 @@ void attention_flash_bf16_forward(const Tensor& q, const Tensor& k, const Tensor
       pack_head(k, v, p, b, h, kp.data() + (b * p.H + h) * p.Mp * p.dp, vp.data() + (b * p.H + h) * p.Mp * p.dvp);
   const Args args{q, out, kp.data(), vp.data(), lse ? lse->data<float>() : nullptr, options, mask, p};
 
-  struct Item {
-    int64_t b, h, qt, cost;
-  };
-  const int64_t n_qt = ceil_div(p.N, p.block_q);
-  std::vector<Item> items;
-  items.reserve(static_cast<size_t>(p.B * p.H * n_qt));
-  // Head by head, heaviest first within a head: the threads share one head's K and V in L3 (as in
-  // attention_flash.cpp's forward).
-  for (int64_t b = 0; b < p.B; ++b)
-    for (int64_t h = 0; h < p.H; ++h) {
-      const size_t head_begin = items.size();
-      for (int64_t qt = 0; qt < n_qt; ++qt) {
-        const Range keys = mask.key_range(b, {qt * p.block_q, std::min(p.N, (qt + 1) * p.block_q)});
-        items.push_back({b, h, qt, keys.end - keys.begin});
-      }
-      std::stable_sort(items.begin() + static_cast<std::ptrdiff_t>(head_begin), items.end(),
-                       [](const Item& x, const Item& y) { return x.cost > y.cost; });
-    }
+  // Head by head, heaviest first within a head (see forward_work_items).
+  const std::vector<QueryTileItem> items = forward_work_items(mask, p.H, p.N, p.block_q, 0, p.B * p.H);
 
 #pragma omp parallel
   {

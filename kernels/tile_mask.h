@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace cabm {
@@ -154,5 +155,33 @@ class TileMask {
   std::vector<Tensor> allowed_;  // BOOL [B, H, N, M] views
   std::vector<Tensor> biases_;   // F32 [B, H, N, M] views
 };
+
+// The forward's work items: one query tile of one head each, for heads [first_head, end_head) in
+// b·H + h order, handed out dynamically. Items go head by head, and within a head heaviest first
+// (causal and windowed tiles differ in cost) so that the light ones fill the gaps at the end. Head
+// by head matters: the threads then stream the same head's K and V through the shared L3. Sorting
+// all heads' items by cost alone had the threads walk all heads' K and V at once and made the
+// causal forward 25% slower per FLOP (N = 4096, 8 heads).
+struct QueryTileItem {
+  int64_t b, h, qt;
+};
+inline std::vector<QueryTileItem> forward_work_items(const TileMask& mask, int64_t H, int64_t N, int64_t block_q,
+                                                     int64_t first_head, int64_t end_head) {
+  const int64_t n_qt = (N + block_q - 1) / block_q;
+  std::vector<QueryTileItem> items;
+  items.reserve(static_cast<size_t>((end_head - first_head) * n_qt));
+  std::vector<std::pair<int64_t, int64_t>> by_cost;  // (keys in range, query tile) of one head
+  for (int64_t hd = first_head; hd < end_head; ++hd) {
+    const int64_t b = hd / H, h = hd % H;
+    by_cost.clear();
+    for (int64_t qt = 0; qt < n_qt; ++qt) {
+      const Range keys = mask.key_range(b, {qt * block_q, std::min(N, (qt + 1) * block_q)});
+      by_cost.push_back({keys.end - keys.begin, qt});
+    }
+    std::stable_sort(by_cost.begin(), by_cost.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+    for (const auto& [cost, qt] : by_cost) items.push_back({b, h, qt});
+  }
+  return items;
+}
 
 }  // namespace cabm
