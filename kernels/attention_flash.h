@@ -49,7 +49,8 @@ void attention_flash_backward(const AttentionSaved& saved, const Tensor& dout, c
                               const AttentionGrads& grads, const FlashConfig& config = {});
 
 // The tile sizes a call would use (after defaults), for tests and benchmarks.
-FlashConfig flash_resolved_config(const FlashConfig& config, const AttentionOptions& options, int64_t d,
+// d: head dim; n: query rows N.
+FlashConfig flash_resolved_config(const FlashConfig& config, const AttentionOptions& options, int64_t d, int64_t n,
                                   bool backward);
 
 // The SIMD flavour compiled in: "avx512", "avx2" or "portable".

@@ -539,7 +539,7 @@ void backward_head_portable(const BackwardArgs& args, BackwardBuffers& buf, int6
 void attention_flash_bf16_backward_portable(const AttentionSaved& saved, const Tensor& dout,
                                             const AttentionOptions& options, const AttentionGrads& grads,
                                             const FlashConfig& config) {
-  const FlashConfig tiles = flash_resolved_config(config, options, saved.q.size(3), true);
+  const FlashConfig tiles = flash_resolved_config(config, options, saved.q.size(3), saved.q.size(1), true);
   BackwardProblem p{};
   p.B = saved.q.size(0), p.N = saved.q.size(1), p.H = saved.q.size(2), p.M = saved.k.size(1);
   p.d = saved.q.size(3), p.dv = saved.v.size(3);
@@ -630,7 +630,7 @@ void attention_flash_bf16_forward(const Tensor& q, const Tensor& k, const Tensor
   CABM_CHECK(options.dropout >= 0.0f && options.dropout < 1.0f, "dropout {} outside [0, 1)", options.dropout);
   // Tiles resolved once for every path: P is rounded relative to the running maximum of the tiles
   // seen so far, so paths that tiled differently would round differently.
-  FlashConfig tiles = flash_resolved_config(config, options, q.size(3), false);
+  FlashConfig tiles = flash_resolved_config(config, options, q.size(3), q.size(1), false);
   tiles.block_k = round_up(tiles.block_k, kKeyBlock);
   const Path path = forward_path();
   if (path == Path::kSimdFp32) {
