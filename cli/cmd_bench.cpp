@@ -55,6 +55,7 @@ struct BenchFlags {
   bool json = false;
   bool backward = false;
   std::string precision = "fp32";  // fp32, bf16 or both
+  FlashConfig tiles;                // 0: the kernels' defaults (flash_resolved_config)
   CLI::Option* threads_option = nullptr;
   bool fp32() const { return precision != "bf16"; }
   bool bf16() const { return precision != "fp32"; }
@@ -194,10 +195,10 @@ std::vector<Row> run_case(const BenchFlags& f, int64_t N, int64_t d, const std::
   std::optional<Timing> fwd16;
   if (f.bf16()) {
     fwd16 = time_calls(f.repeats,
-                       [&] { attention_flash_bf16_forward(p.q16, p.k16, p.v16, p.options, p.out16, &p.lse16); });
+                       [&] { attention_flash_bf16_forward(p.q16, p.k16, p.v16, p.options, p.out16, &p.lse16, f.tiles); });
   }
   const Timing fwd =
-      f.fp32() ? time_calls(f.repeats, [&] { attention_flash_forward(p.q, p.k, p.v, p.options, p.out, &p.lse); })
+      f.fp32() ? time_calls(f.repeats, [&] { attention_flash_forward(p.q, p.k, p.v, p.options, p.out, &p.lse, f.tiles); })
                : *fwd16;
   std::optional<Timing> fwd_ref;
   if (with_reference) {
@@ -209,14 +210,14 @@ std::vector<Row> run_case(const BenchFlags& f, int64_t N, int64_t d, const std::
   if (f.backward) {
     std::optional<Timing> bwd16;
     if (f.bf16()) {
-      attention_flash_bf16_forward(p.q16, p.k16, p.v16, p.options, p.out16, &p.lse16);
+      attention_flash_bf16_forward(p.q16, p.k16, p.v16, p.options, p.out16, &p.lse16, f.tiles);
       const AttentionSaved saved16{p.q16, p.k16, p.v16, p.out16, p.lse16};
-      bwd16 = time_calls(f.repeats, [&] { attention_flash_bf16_backward(saved16, p.dout, p.options, p.grads); });
+      bwd16 = time_calls(f.repeats, [&] { attention_flash_bf16_backward(saved16, p.dout, p.options, p.grads, f.tiles); });
     }
-    attention_flash_forward(p.q, p.k, p.v, p.options, p.out, &p.lse);
+    attention_flash_forward(p.q, p.k, p.v, p.options, p.out, &p.lse, f.tiles);
     const AttentionSaved saved{p.q, p.k, p.v, p.out, p.lse};
     const Timing bwd =
-        f.fp32() ? time_calls(f.repeats, [&] { attention_flash_backward(saved, p.dout, p.options, p.grads); }) : *bwd16;
+        f.fp32() ? time_calls(f.repeats, [&] { attention_flash_backward(saved, p.dout, p.options, p.grads, f.tiles); }) : *bwd16;
     std::optional<Timing> bwd_ref;
     if (with_reference) {
       const AttentionSaved ref_saved{p.q, p.k, p.v, p.out, Tensor()};
@@ -368,6 +369,10 @@ void register_bench(CLI::App& app) {
                   "timed calls per case, the median is reported (default 5; reference: at most 3)");
   f->threads_option = cmd->add_option("--threads", f->threads, "threads (default: CABM_NUM_THREADS or all cores)");
   cmd->add_flag("--json", f->json, "machine-readable output (one JSON object)");
+  cmd->add_option("--block-q", f->tiles.block_q, "flash tile: query rows (default: the kernels' choice)")
+      ->check(CLI::Range(int64_t{0}, int64_t{4096}));
+  cmd->add_option("--block-k", f->tiles.block_k, "flash tile: keys (default: the kernels' choice)")
+      ->check(CLI::Range(int64_t{0}, int64_t{4096}));
   cmd->add_flag("--backward", f->backward, "also time the backward pass");
   cmd->add_option("--precision", f->precision,
                   "fp32 (default), bf16 (attention_flash_bf16 kernels) or both (side by side, with the ratio)");
