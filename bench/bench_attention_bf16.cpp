@@ -98,6 +98,36 @@ cabm::Tensor to_bf16(const cabm::Tensor& t) {
   return out;
 }
 
+// Times fp32 and bf16 calls back to back in each iteration and reports medians: GFLOP/s of both,
+// the bf16/fp32 speed ratio, the bf16 kernel's share of the vdpbf16ps peak (when measured), and
+// the paths that ran.
+template <typename Fp32Call, typename Bf16Call>
+void time_side_by_side(benchmark::State& state, Fp32Call fp32_call, Bf16Call bf16_call, double flops,
+                       const char* bf16_path) {
+  fp32_call();  // warm-up
+  bf16_call();
+  std::vector<double> t32, t16;
+  using clock = std::chrono::steady_clock;
+  for (auto _ : state) {
+    const auto t0 = clock::now();
+    fp32_call();
+    const auto t1 = clock::now();
+    bf16_call();
+    const auto t2 = clock::now();
+    t32.push_back(std::chrono::duration<double>(t1 - t0).count());
+    t16.push_back(std::chrono::duration<double>(t2 - t1).count());
+    state.SetIterationTime(t32.back() + t16.back());
+  }
+  std::sort(t32.begin(), t32.end());
+  std::sort(t16.begin(), t16.end());
+  const double m32 = t32[t32.size() / 2], m16 = t16[t16.size() / 2];
+  state.counters["fp32_GFLOP/s"] = flops / m32 * 1e-9;
+  state.counters["bf16_GFLOP/s"] = flops / m16 * 1e-9;
+  state.counters["bf16/fp32"] = m32 / m16;
+  if (g_peak_gflops > 0) state.counters["bf16_%peak"] = 100.0 * flops / m16 * 1e-9 / g_peak_gflops;
+  state.SetLabel(std::string("bf16 path ") + bf16_path + ", fp32 " + cabm::flash_isa());
+}
+
 // args: N (= M), causal
 void BM_FlashFp32VsBf16(benchmark::State& state) {
   const int64_t N = state.range(0), H = 8, d = 64;
@@ -107,29 +137,10 @@ void BM_FlashFp32VsBf16(benchmark::State& state) {
   cabm::Tensor out = cabm::Tensor::zeros({1, N, H, d}), out16 = cabm::Tensor::zeros({1, N, H, d});
   cabm::AttentionOptions options;
   if (causal) options.mask = cabm::Mask::causal();
-  cabm::attention_flash_forward(q, k, v, options, out);  // warm-up
-  cabm::attention_flash_bf16_forward(qb, kb, vb, options, out16);
-  std::vector<double> t32, t16;
-  using clock = std::chrono::steady_clock;
-  for (auto _ : state) {
-    const auto t0 = clock::now();
-    cabm::attention_flash_forward(q, k, v, options, out);
-    const auto t1 = clock::now();
-    cabm::attention_flash_bf16_forward(qb, kb, vb, options, out16);
-    const auto t2 = clock::now();
-    t32.push_back(std::chrono::duration<double>(t1 - t0).count());
-    t16.push_back(std::chrono::duration<double>(t2 - t1).count());
-    state.SetIterationTime(t32.back() + t16.back());
-  }
-  std::sort(t32.begin(), t32.end());
-  std::sort(t16.begin(), t16.end());
-  const double m32 = t32[t32.size() / 2], m16 = t16[t16.size() / 2];
   const double flops = 4.0 * H * static_cast<double>(N) * static_cast<double>(N) * d * (causal ? 0.5 : 1.0);
-  state.counters["fp32_GFLOP/s"] = flops / m32 * 1e-9;
-  state.counters["bf16_GFLOP/s"] = flops / m16 * 1e-9;
-  state.counters["bf16/fp32"] = m32 / m16;
-  if (g_peak_gflops > 0) state.counters["bf16_%peak"] = 100.0 * flops / m16 * 1e-9 / g_peak_gflops;
-  state.SetLabel(std::string("bf16 path ") + cabm::attention_flash_bf16_path() + ", fp32 " + cabm::flash_isa());
+  time_side_by_side(
+      state, [&] { cabm::attention_flash_forward(q, k, v, options, out); },
+      [&] { cabm::attention_flash_bf16_forward(qb, kb, vb, options, out16); }, flops, cabm::attention_flash_bf16_path());
 }
 
 // args: N (= M), causal
@@ -148,29 +159,11 @@ void BM_FlashFp32VsBf16Backward(benchmark::State& state) {
   const cabm::AttentionGrads grads{cabm::Tensor::zeros(q.shape()), cabm::Tensor::zeros(k.shape()),
                                    cabm::Tensor::zeros(v.shape())};
   const cabm::AttentionSaved saved{q, k, v, out, lse}, saved16{qb, kb, vb, out16, lse16};
-  cabm::attention_flash_backward(saved, g, options, grads);  // warm-up
-  cabm::attention_flash_bf16_backward(saved16, g, options, grads);
-  std::vector<double> t32, t16;
-  using clock = std::chrono::steady_clock;
-  for (auto _ : state) {
-    const auto t0 = clock::now();
-    cabm::attention_flash_backward(saved, g, options, grads);
-    const auto t1 = clock::now();
-    cabm::attention_flash_bf16_backward(saved16, g, options, grads);
-    const auto t2 = clock::now();
-    t32.push_back(std::chrono::duration<double>(t1 - t0).count());
-    t16.push_back(std::chrono::duration<double>(t2 - t1).count());
-    state.SetIterationTime(t32.back() + t16.back());
-  }
-  std::sort(t32.begin(), t32.end());
-  std::sort(t16.begin(), t16.end());
-  const double m32 = t32[t32.size() / 2], m16 = t16[t16.size() / 2];
   const double flops = 2.5 * 4.0 * H * static_cast<double>(N) * static_cast<double>(N) * d * (causal ? 0.5 : 1.0);
-  state.counters["fp32_GFLOP/s"] = flops / m32 * 1e-9;
-  state.counters["bf16_GFLOP/s"] = flops / m16 * 1e-9;
-  state.counters["bf16/fp32"] = m32 / m16;
-  state.SetLabel(std::string("bf16 path ") + cabm::attention_flash_bf16_backward_path() + ", fp32 " +
-                 cabm::flash_isa());
+  time_side_by_side(
+      state, [&] { cabm::attention_flash_backward(saved, g, options, grads); },
+      [&] { cabm::attention_flash_bf16_backward(saved16, g, options, grads); }, flops,
+      cabm::attention_flash_bf16_backward_path());
 }
 
 BENCHMARK(BM_Vdpbf16psPeak)->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);

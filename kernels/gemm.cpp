@@ -73,8 +73,9 @@ void gemm(const MatrixRef& a, const MatrixRef& b, float* c, int64_t ldc, float a
     thread_local std::vector<float> a_copy, b_copy;
     const float* ap = w.a_bytes > 0 ? pad_rows(a.data, K, M, lda, a_copy) : a.data;
     const float* bp = w.b_bytes > 0 ? pad_rows(b.data, K, N, ldb, b_copy) : b.data;
-    const dnnl_status_t status = dnnl_sgemm('T', 'N', M, N, K, alpha, ap, ap == a.data ? lda : M + kAliasPad, bp,
-                                            bp == b.data ? ldb : N + kAliasPad, beta, c, ldc);
+    const int64_t lda_used = w.a_bytes > 0 ? M + kAliasPad : lda, ldb_used = w.b_bytes > 0 ? N + kAliasPad : ldb;
+    const dnnl_status_t status =
+        dnnl_sgemm('T', 'N', M, N, K, alpha, ap, lda_used, bp, ldb_used, beta, c, ldc);
     CABM_CHECK(status == dnnl_success, "oneDNN sgemm failed with status {}", static_cast<int>(status));
     return;
   }
