@@ -9,7 +9,6 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "core/threads.h"
-#include "kernels/gemm.h"
 #include "nn/causal_lm.h"
 #include "nn/init.h"
 #include "nn/parameters.h"
@@ -128,16 +127,6 @@ void run_memory(const MemoryFlags& f) {
       {"ffn.d_hidden", fmt::format("[{},{}]", BN, F), BN * F * kF32},
       {"d_hidden (model)", bne, BN * E * kF32},
   };
-  // gemm() copies weight-gradient operands whose rows are 4 KiB apart (1024-wide activations) into
-  // padded rows, one buffer for each side, reused: the largest copy of each the step's products need.
-  GemmWorkspace gemm_scratch;
-  for (const auto& [out, in] : {std::pair{3 * E, E}, {E, E}, {F, E}, {E, F}, {V, E}}) {
-    const GemmWorkspace w = gemm_workspace({nullptr, out, BN, out, /*transposed=*/true}, {nullptr, BN, in, in});
-    gemm_scratch.a_bytes = std::max(gemm_scratch.a_bytes, w.a_bytes);
-    gemm_scratch.b_bytes = std::max(gemm_scratch.b_bytes, w.b_bytes);
-  }
-  if (gemm_scratch.a_bytes + gemm_scratch.b_bytes > 0)
-    scratch.push_back({"gemm: padded copies of dW operands", "2 buffers", gemm_scratch.a_bytes + gemm_scratch.b_bytes});
   const int64_t scratch_bytes = print_items("backward scratch (one set, moved from layer to layer)", scratch);
 
   const int64_t scores = B * H * N * N * kF32;

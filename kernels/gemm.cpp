@@ -3,10 +3,12 @@
 #include "core/error.h"
 #include "kernels/bf16.h"
 
+#include <cblas.h>
 #include <dnnl.h>
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <dnnl.hpp>
 #include <memory>
 #include <mutex>
@@ -22,41 +24,21 @@ void check_operands(const Ref& a, const Ref& b, int64_t ldc) {
   CABM_CHECK(b.ld >= (b.transposed ? b.rows : b.cols) || b.rows == 0 || b.cols == 0, "gemm ldb {} too small", b.ld);
   CABM_CHECK(ldc >= b.cols || a.rows == 0, "gemm ldc {} too small for {} columns", ldc, b.cols);
 }
-// oneDNN 2.6's sgemm computes C = Aᵀ·B (a weight gradient dYᵀ·X: A and B stored K × M and K × N,
-// K = tokens) without packing an operand whose rows are 32-byte aligned, reading its K rows in
-// place. When those rows are 4 KiB apart (ld a multiple of 1024 floats: the feed-forward's
-// 1024-wide activations) they all fall into the same few L1 sets and the product runs at half
-// speed. Measured here (Zen 3, 2 threads, K = 4096, GFLOP/s): M = 256, N = 1024, B's ld 1024:
-// 81, the same with B copied to ld 1040: 168 (the copy: 2 ms of the 13); M = 1024, N = 256, A's
-// ld 1024: 72, copied: 119. So such an operand is copied once into rows kAliasPad floats longer.
-constexpr int64_t kAliasPad = 16;
-bool rows_alias(int64_t ld, int64_t rows) { return ld % 1024 == 0 && rows >= 256; }
-
-// The stored rows × cols matrix at src (leading dimension ld) copied to scratch with leading
-// dimension cols + kAliasPad; returns the copy.
-const float* pad_rows(const float* src, int64_t rows, int64_t cols, int64_t ld, std::vector<float>& scratch) {
-  const int64_t padded = cols + kAliasPad;
-  scratch.resize(static_cast<size_t>(rows * padded));
-  float* dst = scratch.data();
-#pragma omp parallel for schedule(static) if (rows * cols >= (1 << 18))
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * padded, src + r * ld, static_cast<size_t>(cols) * 4);
-  return dst;
-}
+// C = Aᵀ·B with at least this many elements goes to OpenBLAS, the rest to oneDNN. Aᵀ·B are the
+// weight gradients dYᵀ·X (K = tokens). Measured here (Zen 3, 2 threads, bench_gemm_libraries,
+// GFLOP/s, oneDNN → OpenBLAS; repeated runs): the big preset's (K 4096) QKV 90–122 → 114–144,
+// out_proj 91–123 → 106–138, and the two products with a 1024-wide operand 63–88 → 119–157
+// (oneDNN 2.6 reads an operand of this form in place, and rows 4 KiB apart fall into the same few
+// L1 sets). The default preset's (K 1024) are a tie within the noise but for linear2's 87–91 →
+// 102–130. Below 2^15 outputs (the langid model's 64 × 64 to 256 × 64) oneDNN is as fast or
+// faster, and on the other forms it is as fast or faster at every size measured.
+constexpr int64_t kOpenBlasMinOutput = 1 << 15;
 
 // Leading dimensions as oneDNN gets them: at least 1 even for degenerate operands.
 int64_t effective_lda(const MatrixRef& a) { return std::max<int64_t>(a.ld, a.transposed ? a.rows : a.cols); }
 int64_t effective_ldb(const MatrixRef& b) { return std::max<int64_t>(b.ld, b.transposed ? b.rows : b.cols); }
 
 }  // namespace
-
-GemmWorkspace gemm_workspace(const MatrixRef& a, const MatrixRef& b) {
-  GemmWorkspace w;
-  const int64_t M = a.rows, N = b.cols, K = a.cols;
-  if (!a.transposed || b.transposed || M == 0 || N == 0 || K == 0) return w;
-  if (rows_alias(effective_lda(a), K)) w.a_bytes = K * (M + kAliasPad) * 4;
-  if (rows_alias(effective_ldb(b), K)) w.b_bytes = K * (N + kAliasPad) * 4;
-  return w;
-}
 
 void gemm(const MatrixRef& a, const MatrixRef& b, float* c, int64_t ldc, float alpha, float beta) {
   check_operands(a, b, ldc);
@@ -69,14 +51,13 @@ void gemm(const MatrixRef& a, const MatrixRef& b, float* c, int64_t ldc, float a
   }
   // oneDNN needs ld >= 1 even for degenerate single-row/column operands.
   const int64_t lda = effective_lda(a), ldb = effective_ldb(b);
-  if (const GemmWorkspace w = gemm_workspace(a, b); w.a_bytes > 0 || w.b_bytes > 0) {
-    thread_local std::vector<float> a_copy, b_copy;
-    const float* ap = w.a_bytes > 0 ? pad_rows(a.data, K, M, lda, a_copy) : a.data;
-    const float* bp = w.b_bytes > 0 ? pad_rows(b.data, K, N, ldb, b_copy) : b.data;
-    const int64_t lda_used = w.a_bytes > 0 ? M + kAliasPad : lda, ldb_used = w.b_bytes > 0 ? N + kAliasPad : ldb;
-    const dnnl_status_t status =
-        dnnl_sgemm('T', 'N', M, N, K, alpha, ap, lda_used, bp, ldb_used, beta, c, ldc);
-    CABM_CHECK(status == dnnl_success, "oneDNN sgemm failed with status {}", static_cast<int>(status));
+  if (a.transposed && !b.transposed && M * N >= kOpenBlasMinOutput) {
+    // OpenBLAS's OpenMP build: the same thread pool (and thread count) as oneDNN and our kernels.
+    CABM_CHECK(std::max({M, N, K, lda, ldb, ldc}) <= std::numeric_limits<blasint>::max(),
+               "gemm: sizes beyond OpenBLAS's {}-bit integers", 8 * sizeof(blasint));
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<blasint>(M), static_cast<blasint>(N),
+                static_cast<blasint>(K), alpha, a.data, static_cast<blasint>(lda), b.data, static_cast<blasint>(ldb),
+                beta, c, static_cast<blasint>(ldc));
     return;
   }
   const dnnl_status_t status = dnnl_sgemm(a.transposed ? 'T' : 'N', b.transposed ? 'T' : 'N', M, N, K, alpha, a.data,

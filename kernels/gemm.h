@@ -1,6 +1,7 @@
-// Matrix multiplication, row-major, through one narrow interface backed by oneDNN.
-// Everything in cabm that multiplies matrices calls this, so the backing library can be
-// changed (or a packed-weight path added) in one place.
+// Matrix multiplication, row-major, through one narrow interface backed by oneDNN (and, for the
+// Aᵀ·B products, OpenBLAS: chosen by measurement, see gemm.cpp). Everything in cabm that
+// multiplies matrices calls this, so the backing library can be changed (or a packed-weight path
+// added) in one place.
 #pragma once
 
 #include "core/dtype.h"
@@ -24,14 +25,6 @@ struct MatrixRef {
 // beta = 0 ignores c's previous contents (NaN included).
 void gemm(const MatrixRef& a, const MatrixRef& b, float* c, int64_t ldc, float alpha = 1.0f,
           float beta = 0.0f);
-
-// The scratch gemm() takes for these operands: copies of an operand whose rows would alias in L1
-// (see gemm.cpp), one buffer for A's and one for B's, kept by the calling thread and reused (each
-// grows to the largest copy it has held). For memory accounting (`cabm memory`).
-struct GemmWorkspace {
-  int64_t a_bytes = 0, b_bytes = 0;
-};
-GemmWorkspace gemm_workspace(const MatrixRef& a, const MatrixRef& b);
 
 // Plain triple loop in double precision accumulation: the oracle the tests compare to.
 void gemm_reference(const MatrixRef& a, const MatrixRef& b, float* c, int64_t ldc, float alpha = 1.0f,

@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   g++ cmake ninja-build pkg-config
   libdnnl-dev            # GEMM (oneDNN)
+  libopenblas-openmp-dev # GEMM (OpenBLAS, OpenMP build): the weight-gradient products
   nlohmann-json3-dev     # safetensors headers, checkpoints
   libcli11-dev libfmt-dev
   libgtest-dev libbenchmark-dev

@@ -45,12 +45,19 @@ std::vector<Case> cases() {
       out.push_back({5, 6, 0, ta, tb, 1.0f, 0.5f, 2});  // K = 0: c = beta·c
       out.push_back({64, 48, 128, ta, tb, 1.0f, 0.0f, 5});
     }
-  // Aᵀ·B with rows 4 KiB apart (ld a multiple of 1024 floats): gemm copies such an operand to
-  // padded rows first (see gemm.cpp). A's, B's and both, and K just below the copy's threshold.
+  // Aᵀ·B (the OpenBLAS path, see gemm.cpp) with rows 4 KiB apart (ld a multiple of 1024 floats):
+  // A's, B's and both.
   out.push_back({24, 40, 300, true, false, 1.0f, 1.0f, 1024 - 24});
   out.push_back({24, 40, 300, true, false, 0.5f, 0.0f, 1024 - 40});
   out.push_back({64, 64, 256, true, false, 1.0f, 0.5f, 1024 - 64});
   out.push_back({24, 40, 255, true, false, -1.0f, 1.0f, 1024 - 24});
+  // Aᵀ·B with 2^15 outputs or more runs on OpenBLAS (gemm.cpp): odd sizes, the threshold itself,
+  // beta 0 over NaN, and rows 4 KiB apart.
+  out.push_back({200, 170, 97, true, false, 1.0f, 0.0f, 3});
+  out.push_back({256, 128, 300, true, false, 0.5f, 1.0f, 0});
+  out.push_back({181, 181, 65, true, false, -1.0f, 0.25f, 5});
+  out.push_back({256, 160, 257, true, false, 1.0f, 0.0f, 1024 - 256});
+  out.push_back({255, 129, 1, true, false, 2.0f, -1.0f, 1});
   return out;
 }
 
