@@ -53,6 +53,12 @@ void gemm(const MatrixRef& a, const MatrixRef& b, float* c, int64_t ldc, float a
   const int64_t lda = effective_lda(a), ldb = effective_ldb(b);
   if (a.transposed && !b.transposed && M * N >= kOpenBlasMinOutput) {
     // OpenBLAS's OpenMP build: the same thread pool (and thread count) as oneDNN and our kernels.
+    // OpenBLAS documents (Makefile.rule, NUM_PARALLEL) that calls into this build from several
+    // threads at once may wait for each other or corrupt each other's work buffers; we have not
+    // seen it (test_gemm's ConcurrentCallsFromThreads), but a caller may use gemm() from several
+    // threads, so the calls are serialised here: one lock per product of milliseconds.
+    static std::mutex openblas_mutex;
+    const std::lock_guard<std::mutex> lock(openblas_mutex);
     CABM_CHECK(std::max({M, N, K, lda, ldb, ldc}) <= std::numeric_limits<blasint>::max(),
                "gemm: sizes beyond OpenBLAS's {}-bit integers", 8 * sizeof(blasint));
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<blasint>(M), static_cast<blasint>(N),

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace cabm {
@@ -156,6 +157,50 @@ void run_bf16_cases(const std::string& label) {
     expect_within(c, o, again, want, bound, "gemm_bf16 cached [" + label + "]");
     expect_within(c, o, ref16, want, bound, "gemm_bf16_reference");
   }
+}
+
+// gemm() may be called from several threads at once (OpenBLAS's OpenMP build does not promise
+// that this is safe: gemm.cpp serialises its calls). The weight-gradient form, large enough for the
+// OpenBLAS path, from std::threads and from an OpenMP parallel region: every result equals a
+// serial call's bit for bit (inside a parallel region the libraries run on one thread, so there
+// the serial call runs on one thread too).
+TEST(Gemm, ConcurrentCallsFromThreads) {
+  const Case c{256, 192, 300, true, false, 1.0f, 0.0f, 4};
+  const Operands o = make_operands(c, 11, false);
+  auto run = [&](std::vector<float>& out) {
+    out = o.c0;
+    gemm({o.a.data(), c.M, c.K, o.lda, c.ta}, {o.b.data(), c.K, c.N, o.ldb, c.tb}, out.data(), o.ldc);
+  };
+  std::vector<float> serial;
+  run(serial);
+  std::vector<float> serial_one_thread;
+  {
+    test::ScopedThreads one(1);
+    run(serial_one_thread);
+  }
+  auto differences = [](const std::vector<float>& got, const std::vector<float>& want) {
+    int64_t count = 0;
+    for (size_t i = 0; i < got.size(); ++i) count += !(got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i])));
+    return count;
+  };
+  constexpr int kThreads = 4, kRepeats = 6;
+  std::vector<std::vector<float>> results(kThreads);
+  int64_t mismatches = 0;
+  for (int rep = 0; rep < kRepeats; ++rep) {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) threads.emplace_back([&, t] { run(results[t]); });
+    for (auto& t : threads) t.join();
+    for (const auto& r : results) mismatches += differences(r, serial);
+  }
+  EXPECT_EQ(mismatches, 0) << "std::threads";
+  mismatches = 0;
+#pragma omp parallel for num_threads(kThreads) schedule(static, 1) reduction(+ : mismatches)
+  for (int rep = 0; rep < kThreads * kRepeats; ++rep) {
+    std::vector<float> got;
+    run(got);
+    mismatches += differences(got, serial_one_thread);
+  }
+  EXPECT_EQ(mismatches, 0) << "OpenMP threads";
 }
 
 TEST(GemmBf16, MatchesReferenceOnRoundedInputs) {
