@@ -3,7 +3,11 @@
 printing the same columns so the two tables can be put side by side (docs/attention_performance.md).
 
     /usr/bin/python3 bench/attention_pytorch.py [--n 256,1024] [--d 64] [--masks none,causal,window,bigbird]
-        [--heads 8] [--batch 1] [--repeats 5] [--threads 2] [--backward] [--peak-gflops X]
+        [--heads 8] [--batch 1] [--repeats 5] [--threads 2] [--backward] [--peak-gflops X] [--cabm PATH]
+
+With --cabm (a cabm binary, e.g. build/release/cabm) the same cases first run through
+`cabm bench attention --json` in the same process tree, and a side-by-side markdown table
+follows PyTorch's (times, the ratio, memory, cabm's % of the FMA peak it measured).
 
 Same conventions as cabm: inputs are head views of one [B, N, 3·H·d] projection; GFLOP/s counts
 4·B·H·d·pairs forward and 2.5× that backward, pairs = attended (query, key) pairs only (PyTorch
@@ -15,7 +19,9 @@ forward (medians). mem: peak RSS increase during the calls (VmHWM reset via /pro
 inputs excluded. %peak needs --peak-gflops (from `cabm bench attention`: "FMA peak").
 """
 import argparse
+import json
 import math
+import subprocess
 import time
 
 import torch
@@ -106,7 +112,11 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--backward", action="store_true")
     p.add_argument("--peak-gflops", type=float, default=0.0)
+    p.add_argument("--cabm", default="", help="cabm binary: run its bench on the same cases, print both side by side")
     a = p.parse_args()
+    cabm = run_cabm(a) if a.cabm else None
+    if cabm and not a.peak_gflops:
+        a.peak_gflops = cabm["peak_gflops"]
     torch.set_num_threads(a.threads)
     torch.manual_seed(1)
     B, H = a.batch, a.heads
@@ -114,6 +124,7 @@ def main():
           f"repeats {a.repeats} (median)")
     print(f"%peak against {a.peak_gflops:.1f} GFLOP/s (cabm's FMA peak)" if a.peak_gflops else "%peak: pass --peak-gflops")
     print(f"{'N':>6} {'d':>5} {'mask':<8} {'pass':<8} {'time_ms':>10} {'GFLOP/s':>9} {'%peak':>6} {'mem_MiB':>8}")
+    torch_rows = []
     for d in a.d:
         for mask in a.masks:
             for N in a.n:
@@ -141,6 +152,35 @@ def main():
                     pct = f"{100.0 * fl / sec * 1e-9 / a.peak_gflops:.1f}" if a.peak_gflops else "-"
                     print(f"{N:>6} {d:>5} {mask:<8} {name:<8} {sec * 1e3:>10.3f} {fl / sec * 1e-9:>9.2f} {pct:>6} "
                           f"{mem / 2**20:>8.1f}", flush=True)
+                    torch_rows.append((N, d, mask, name, sec * 1e3, mem))
+    if cabm:
+        print_side_by_side(torch_rows, cabm)
+
+
+def run_cabm(a):
+    """`cabm bench attention --json` on the cases of these arguments."""
+    cmd = [a.cabm, "bench", "attention", "--n", *map(str, a.n), "--d", *map(str, a.d), "--masks", *a.masks,
+           "--heads", str(a.heads), "--batch", str(a.batch), "--repeats", str(a.repeats),
+           "--threads", str(a.threads), "--json"] + (["--backward"] if a.backward else [])
+    try:
+        done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise SystemExit(f"--cabm: {' '.join(cmd)} failed: {getattr(e, 'stderr', '') or e}")
+    return json.loads(done.stdout)
+
+
+def print_side_by_side(torch_rows, cabm):
+    ours = {(c["N"], c["d"], c["mask"], c["pass"]): c for c in cabm["cases"]}
+    print(f"\ncabm ({cabm['kernel_isa']} kernels) beside PyTorch, {cabm['threads']} threads, B {cabm['batch']}, "
+          f"H {cabm['heads']}; FMA peak {cabm['peak_gflops']:.1f} GFLOP/s\n")
+    print("| N | d | mask | pass | PyTorch ms | cabm ms | speed-up | PyTorch MiB | cabm MiB | cabm % of peak |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for N, d, mask, name, ms, mem in torch_rows:
+        c = ours.get((N, d, mask, name))
+        if c is None:
+            continue
+        print(f"| {N} | {d} | {mask} | {name} | {ms:.1f} | {c['time_ms']:.1f} | {ms / c['time_ms']:.2f}x | "
+              f"{mem / 2**20:.1f} | {c['memory_bytes'] / 2**20:.1f} | {c['percent_peak']:.1f} |")
 
 
 if __name__ == "__main__":
