@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   g++ cmake ninja-build pkg-config
   libdnnl-dev            # GEMM (oneDNN)
+  ocl-icd-opencl-dev     # oneDNN's CMake package file requires OpenCL; libdnnl-dev only Recommends it
   libopenblas-openmp-dev # GEMM (OpenBLAS, OpenMP build): the weight-gradient products
   nlohmann-json3-dev     # safetensors headers, checkpoints
   libcli11-dev libfmt-dev
