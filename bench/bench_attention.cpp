@@ -10,11 +10,11 @@
 //
 // Args: {d, N, mask} with mask 0 none, 1 causal, 2 sliding window (kWindow keys to the left, incl.
 // the query's own position). M = N, B = 1, H = 8.
-#include "core/rng.h"
-#include "core/tensor.h"
-#include "kernels/attention_flash.h"
-#include "kernels/attention_reference.h"
-#include "kernels/gemm.h"
+#include "cabm/core/rng.h"
+#include "cabm/core/tensor.h"
+#include "cabm/kernels/attention_flash.h"
+#include "cabm/kernels/attention_reference.h"
+#include "cabm/kernels/gemm.h"
 
 #include <benchmark/benchmark.h>
 

@@ -12,11 +12,11 @@
 //
 //   ./build/bf16/bench/bench_attention_bf16 --benchmark_min_time=1
 //   CABM_FORCE_PORTABLE=1 ./build/bf16/bench/bench_attention_bf16
-#include "core/tensor.h"
-#include "core/threads.h"
-#include "kernels/attention_flash.h"
-#include "kernels/attention_flash_bf16.h"
-#include "kernels/bf16.h"
+#include "cabm/core/tensor.h"
+#include "cabm/core/threads.h"
+#include "cabm/kernels/attention_flash.h"
+#include "cabm/kernels/attention_flash_bf16.h"
+#include "cabm/kernels/bf16.h"
 
 #include <benchmark/benchmark.h>
 #include <omp.h>

@@ -3,8 +3,8 @@
 // (y = x Wᵀ, dX = dY W, dW = dYᵀ X). Prints GFLOP/s (2·M·N·K per call).
 //
 //   ./build/release/bench/bench_gemm --benchmark_min_time=0.2
-#include "kernels/gemm.h"
-#include "core/tensor.h"
+#include "cabm/kernels/gemm.h"
+#include "cabm/core/tensor.h"
 
 #include <benchmark/benchmark.h>
 

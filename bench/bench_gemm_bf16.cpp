@@ -8,9 +8,9 @@
 //
 //   ./build/bf16/bench/bench_gemm_bf16 --benchmark_min_time=0.5
 //   CABM_FORCE_PORTABLE=1 ./build/bf16/bench/bench_gemm_bf16    # converted-fp32 path
-#include "core/tensor.h"
-#include "kernels/bf16.h"
-#include "kernels/gemm.h"
+#include "cabm/core/tensor.h"
+#include "cabm/kernels/bf16.h"
+#include "cabm/kernels/gemm.h"
 
 #include <benchmark/benchmark.h>
 

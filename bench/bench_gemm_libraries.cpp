@@ -1,6 +1,6 @@
 // Which library should back gemm()? oneDNN 2.6's sgemm against OpenBLAS 0.3.21's cblas_sgemm
 // (Debian's OpenMP build, the one cabm links), and cabm's gemm() (which picks one per product, see
-// kernels/gemm.cpp), on the products one encoder layer's training step makes (rows = B·N tokens):
+// cabm/kernels/gemm.cpp), on the products one encoder layer's training step makes (rows = B·N tokens):
 // y = x·Wᵀ, dX = dY·W and dW = dYᵀ·X for the QKV projection, the output projection and the two
 // feed-forward maps of a model of width E and feed-forward width F.
 //
@@ -10,7 +10,7 @@
 // block of calls, then the program sleeps, so no thread left spinning by one run competes with
 // the next; blocks alternate, and the median call time of each is reported (GFLOP/s, 2·M·N·K per
 // call).
-#include "kernels/gemm.h"
+#include "cabm/kernels/gemm.h"
 
 #include <cblas.h>
 #include <dnnl.h>

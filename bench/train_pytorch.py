@@ -32,14 +32,14 @@ import torch.nn.functional as F
 MASK32, MASK64 = 0xFFFFFFFF, (1 << 64) - 1
 
 
-def splitmix64(x):  # nn/forward_mode.h
+def splitmix64(x):  # cabm/nn/forward_mode.h
     x = (x + 0x9E3779B97F4A7C15) & MASK64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
     return x ^ (x >> 31)
 
 
-def philox4x32(seed, counter_hi, counter_lo):  # core/rng.cpp
+def philox4x32(seed, counter_hi, counter_lo):  # cabm/core/rng.cpp
     c0, c1 = counter_lo & MASK32, counter_lo >> 32
     c2, c3 = counter_hi & MASK32, counter_hi >> 32
     k0, k1 = seed & MASK32, seed >> 32
@@ -51,8 +51,8 @@ def philox4x32(seed, counter_hi, counter_lo):  # core/rng.cpp
 
 
 class CabmWindows:
-    """The training-window offsets of `cabm train`: Rng(data_seed(seed)) of train/lm_trainer.cpp
-    (host stream of core/rng.h) and sample_windows of io/text_data.cpp."""
+    """The training-window offsets of `cabm train`: Rng(data_seed(seed)) of cabm/train/lm_trainer.cpp
+    (host stream of cabm/core/rng.h) and sample_windows of cabm/io/text_data.cpp."""
 
     HOST_STREAM = 0xC0FFEE << 32
 

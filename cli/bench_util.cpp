@@ -1,6 +1,6 @@
 #include "cli/bench_util.h"
 
-#include "core/threads.h"
+#include "cabm/core/threads.h"
 
 #include <omp.h>
 

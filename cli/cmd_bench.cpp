@@ -16,14 +16,14 @@
 // bf16 path that ran (avx512_bf16, avx2_fp32 or portable).
 #include "cli/bench_util.h"
 #include "cli/commands.h"
-#include "core/error.h"
-#include "core/rng.h"
-#include "core/tensor.h"
-#include "core/threads.h"
-#include "kernels/attention.h"
-#include "kernels/attention_flash_bf16.h"
-#include "kernels/bf16.h"
-#include "kernels/block_sparse.h"
+#include "cabm/core/error.h"
+#include "cabm/core/rng.h"
+#include "cabm/core/tensor.h"
+#include "cabm/core/threads.h"
+#include "cabm/kernels/attention.h"
+#include "cabm/kernels/attention_flash_bf16.h"
+#include "cabm/kernels/bf16.h"
+#include "cabm/kernels/block_sparse.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>

@@ -1,5 +1,5 @@
 // `cabm bench layer` and `cabm bench train`: whole-model timings, fp32 against bf16 mixed
-// precision (nn/mixed_precision.h) side by side, with the ratio measured in the same process.
+// precision (cabm/nn/mixed_precision.h) side by side, with the ratio measured in the same process.
 //
 //   layer  one encoder layer (pre-norm, GELU): forward (eval) and forward + backward (training)
 //   train  one optimizer step of the LM trainer (forward, loss, backward, clip, AdamW, bf16
@@ -13,17 +13,17 @@
 #include "cli/bench_util.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
-#include "core/error.h"
-#include "core/rng.h"
-#include "core/threads.h"
-#include "kernels/attention_flash_bf16.h"
-#include "kernels/bf16.h"
-#include "kernels/gemm.h"
-#include "nn/encoder_layer.h"
-#include "nn/init.h"
-#include "nn/mixed_precision.h"
-#include "nn/parameters.h"
-#include "train/lm_trainer.h"
+#include "cabm/core/error.h"
+#include "cabm/core/rng.h"
+#include "cabm/core/threads.h"
+#include "cabm/kernels/attention_flash_bf16.h"
+#include "cabm/kernels/bf16.h"
+#include "cabm/kernels/gemm.h"
+#include "cabm/nn/encoder_layer.h"
+#include "cabm/nn/init.h"
+#include "cabm/nn/mixed_precision.h"
+#include "cabm/nn/parameters.h"
+#include "cabm/train/lm_trainer.h"
 
 #include <fmt/format.h>
 

@@ -3,16 +3,16 @@
 // --data FILE. A classifier: loss, accuracy and confusion matrix on held-out words.
 #include "cli/commands.h"
 #include "cli/progress.h"
-#include "core/error.h"
-#include "core/threads.h"
-#include "io/state_dict.h"
-#include "io/text_data.h"
-#include "io/word_lists.h"
-#include "nn/parameters.h"
-#include "train/checkpoint.h"
-#include "train/langid_trainer.h"
-#include "train/lm_trainer.h"
-#include "train/model_config.h"
+#include "cabm/core/error.h"
+#include "cabm/core/threads.h"
+#include "cabm/interop/state_dict.h"
+#include "cabm/io/text_data.h"
+#include "cabm/io/word_lists.h"
+#include "cabm/nn/parameters.h"
+#include "cabm/train/checkpoint.h"
+#include "cabm/train/langid_trainer.h"
+#include "cabm/train/lm_trainer.h"
+#include "cabm/train/model_config.h"
 
 #include <cmath>
 #include <cstdio>

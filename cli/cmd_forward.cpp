@@ -3,10 +3,10 @@
 // and docs/forward.md).
 #include "cli/commands.h"
 
-#include "core/threads.h"
-#include "io/pytorch_modules.h"
-#include "io/safetensors.h"
-#include "nn/mixed_precision.h"
+#include "cabm/core/threads.h"
+#include "cabm/interop/pytorch_modules.h"
+#include "cabm/io/safetensors.h"
+#include "cabm/nn/mixed_precision.h"
 
 #include <fmt/format.h>
 

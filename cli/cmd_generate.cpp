@@ -2,16 +2,16 @@
 // generated (one incremental KV-cache step per byte).
 #include "cli/commands.h"
 #include "cli/progress.h"
-#include "core/error.h"
-#include "core/threads.h"
-#include "io/state_dict.h"
-#include "io/tokenizer.h"
-#include "nn/causal_lm.h"
-#include "nn/mixed_precision.h"
-#include "nn/parameters.h"
-#include "train/checkpoint.h"
-#include "train/generate.h"
-#include "train/model_config.h"
+#include "cabm/core/error.h"
+#include "cabm/core/threads.h"
+#include "cabm/interop/state_dict.h"
+#include "cabm/io/tokenizer.h"
+#include "cabm/nn/causal_lm.h"
+#include "cabm/nn/mixed_precision.h"
+#include "cabm/nn/parameters.h"
+#include "cabm/train/checkpoint.h"
+#include "cabm/train/generate.h"
+#include "cabm/train/model_config.h"
 
 #include <cstdio>
 #include <memory>

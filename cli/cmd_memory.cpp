@@ -5,15 +5,15 @@
 // explains the numbers.
 #include "cli/bench_util.h"
 #include "cli/commands.h"
-#include "core/error.h"
-#include "core/rng.h"
-#include "core/tensor.h"
-#include "core/threads.h"
-#include "nn/causal_lm.h"
-#include "nn/init.h"
-#include "nn/parameters.h"
-#include "train/lm_trainer.h"
-#include "train/train_config.h"
+#include "cabm/core/error.h"
+#include "cabm/core/rng.h"
+#include "cabm/core/tensor.h"
+#include "cabm/core/threads.h"
+#include "cabm/nn/causal_lm.h"
+#include "cabm/nn/init.h"
+#include "cabm/nn/parameters.h"
+#include "cabm/train/lm_trainer.h"
+#include "cabm/train/train_config.h"
 
 #include <fmt/format.h>
 

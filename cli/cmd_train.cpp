@@ -3,16 +3,16 @@
 // single words). Periodic validation and checkpoints; --resume continues a run bit for bit.
 #include "cli/commands.h"
 #include "cli/progress.h"
-#include "core/error.h"
-#include "core/threads.h"
-#include "io/text_data.h"
-#include "io/tokenizer.h"
-#include "io/word_lists.h"
-#include "train/checkpoint.h"
-#include "train/generate.h"
-#include "train/langid_trainer.h"
-#include "train/lm_trainer.h"
-#include "train/model_config.h"
+#include "cabm/core/error.h"
+#include "cabm/core/threads.h"
+#include "cabm/io/text_data.h"
+#include "cabm/io/tokenizer.h"
+#include "cabm/io/word_lists.h"
+#include "cabm/train/checkpoint.h"
+#include "cabm/train/generate.h"
+#include "cabm/train/langid_trainer.h"
+#include "cabm/train/lm_trainer.h"
+#include "cabm/train/model_config.h"
 
 #include <csignal>
 #include <cstdio>
@@ -123,7 +123,7 @@ void adopt_init_architecture(const std::string& path, TrainTask task, TrainConfi
   const SafetensorsFile file = read_safetensors(path);
   const std::string kind = model_kind(file);
   if (kind.empty()) return;  // a plain state_dict: the flags say what it is
-  // The flags a model file fixes (the shape that byte_model_config, train/train_config.h, maps
+  // The flags a model file fixes (the shape that byte_model_config, cabm/train/train_config.h, maps
   // the other way), from either model config.
   const auto adopt = [&c](const auto& m) {
     std::tie(c.layers, c.heads, c.d_model, c.d_ff, c.seq_len, c.norm_first) =

@@ -1,8 +1,8 @@
 // The `cabm` command line. Each subcommand lives in its own file (cli/cmd_*.cpp) and
 // registers itself here.
 #include "cli/commands.h"
-#include "core/error.h"
-#include "core/threads.h"
+#include "cabm/core/error.h"
+#include "cabm/core/threads.h"
 
 #include <CLI/CLI.hpp>
 

@@ -1,6 +1,6 @@
 #include "cli/progress.h"
 
-#include "io/tokenizer.h"
+#include "cabm/io/tokenizer.h"
 
 #include <fmt/format.h>
 #include <unistd.h>

@@ -5,8 +5,8 @@
 // steps on stdout, so logs in files and CI stay readable.
 #pragma once
 
-#include "nn/causal_lm.h"
-#include "train/generate.h"
+#include "cabm/nn/causal_lm.h"
+#include "cabm/train/generate.h"
 
 #include <chrono>
 #include <cstdint>

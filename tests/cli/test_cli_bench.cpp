@@ -1,10 +1,10 @@
 // `cabm bench attention` and `cabm memory` end to end on tiny cases: the text table, the JSON
 // form, the memory estimate against the model's own parameter list, and bad flags (one line on
 // stderr, non-zero exit).
-#include "nn/causal_lm.h"
-#include "nn/parameters.h"
-#include "train/lm_trainer.h"
-#include "train/train_config.h"
+#include "cabm/nn/causal_lm.h"
+#include "cabm/nn/parameters.h"
+#include "cabm/train/lm_trainer.h"
+#include "cabm/train/train_config.h"
 #include "util/test_util.h"
 
 #include <nlohmann/json.hpp>

@@ -1,8 +1,8 @@
 // `cabm forward` with bad input: every case is one clear line on stderr naming the file, the
 // tensor or the metadata key, and a non-zero exit — never a crash or a silent result.
-#include "io/safetensors.h"
-#include "io/state_dict.h"
-#include "nn/parameters.h"
+#include "cabm/io/safetensors.h"
+#include "cabm/interop/state_dict.h"
+#include "cabm/nn/parameters.h"
 #include "util/test_util.h"
 
 #include <cstdio>

@@ -1,10 +1,10 @@
 // `--precision` on the command line: `cabm train --precision bf16` (recorded in state.json, kept
 // by --resume), `cabm generate --precision bf16`, `cabm forward --precision bf16` against fp32,
 // the fp32 default unchanged, and bad values as one-line errors.
-#include "io/safetensors.h"
-#include "io/state_dict.h"
-#include "nn/init.h"
-#include "nn/parameters.h"
+#include "cabm/io/safetensors.h"
+#include "cabm/interop/state_dict.h"
+#include "cabm/nn/init.h"
+#include "cabm/nn/parameters.h"
 #include "util/test_util.h"
 
 #include <nlohmann/json.hpp>

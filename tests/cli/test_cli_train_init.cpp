@@ -2,10 +2,10 @@
 // PyTorch names — a plain state_dict whose shapes match the flags, or a cabm model file whose
 // metadata supplies the architecture flags not given — and the bad cases (missing file, missing
 // tensor, shapes that contradict the flags): one line each, naming the file or tensor.
-#include "io/safetensors.h"
-#include "io/state_dict.h"
-#include "nn/causal_lm.h"
-#include "nn/parameters.h"
+#include "cabm/io/safetensors.h"
+#include "cabm/interop/state_dict.h"
+#include "cabm/nn/causal_lm.h"
+#include "cabm/nn/parameters.h"
 #include "util/test_util.h"
 
 #include <fstream>

@@ -8,7 +8,7 @@
 // K = max(E, F, M) per layer, each contributing up to ~√K·u relative error (u = 2^-24, random
 // rounding), amplified by LayerNorm's 1/σ; we allow atol = 1e-5 · √(K / 64) · L and the
 // default rtol, which for K = 64 and one layer is exactly torch's default.
-#include "io/safetensors.h"
+#include "cabm/io/safetensors.h"
 #include "util/test_util.h"
 
 #include <cmath>

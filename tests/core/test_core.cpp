@@ -1,8 +1,8 @@
-#include "core/dtype.h"
-#include "core/error.h"
-#include "core/rng.h"
-#include "core/tensor.h"
-#include "core/threads.h"
+#include "cabm/core/dtype.h"
+#include "cabm/core/error.h"
+#include "cabm/core/rng.h"
+#include "cabm/core/tensor.h"
+#include "cabm/core/threads.h"
 #include "util/test_util.h"
 
 #include <cmath>

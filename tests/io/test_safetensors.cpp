@@ -1,7 +1,7 @@
 // Safetensors read/write: round trips of every dtype, conversions on read, every malformed
 // file we can think of (each must be a cabm::Error naming the file and what is wrong), and
 // random corruption of a valid file (never a crash; run it under the asan preset too).
-#include "io/safetensors.h"
+#include "cabm/io/safetensors.h"
 
 #include "util/test_util.h"
 

@@ -3,7 +3,7 @@
 // the ReLU kink (gradient 0 at x = 0) and for large |x| with GELU. The fast GELU against double
 // precision over every float in [-16, 16] (|x| >= 2^-8; sampled below), against the std::erf
 // reference, and for bitwise independence of the thread count and of where a buffer is split.
-#include "kernels/activations.h"
+#include "cabm/kernels/activations.h"
 #include "util/test_util.h"
 
 #include <bit>

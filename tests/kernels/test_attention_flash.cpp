@@ -1,9 +1,9 @@
 // Tier 2 of the attention tests: the flash kernels (forward and backward) against the reference
 // kernels, over odd sizes and tails, every mask kind, dropout, tile sizes and thread counts.
-#include "kernels/attention.h"
-#include "kernels/attention_flash.h"
-#include "kernels/attention_reference.h"
-#include "kernels/attention_simd.h"
+#include "cabm/kernels/attention.h"
+#include "cabm/kernels/attention_flash.h"
+#include "cabm/kernels/attention_reference.h"
+#include "cabm/kernels/attention_simd.h"
 #include "util/attention_cases.h"
 #include "util/test_util.h"
 

@@ -28,11 +28,11 @@
 // for huge logits), the distance between the paths a small fraction of their distance to the fp32
 // reference (expect_same_roundings): the norm-wise fp32 bounds are too loose to notice a missing
 // rounding of dS, this check is not.
-#include "core/threads.h"
-#include "kernels/attention_flash_bf16.h"
-#include "kernels/attention_reference.h"
-#include "kernels/attention_simd.h"
-#include "kernels/bf16.h"
+#include "cabm/core/threads.h"
+#include "cabm/kernels/attention_flash_bf16.h"
+#include "cabm/kernels/attention_reference.h"
+#include "cabm/kernels/attention_simd.h"
+#include "cabm/kernels/bf16.h"
 #include "util/attention_cases.h"
 #include "util/test_util.h"
 

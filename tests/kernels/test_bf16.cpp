@@ -1,9 +1,9 @@
-// bf16 buffer conversions: every path bit for bit equal to the scalar rules of core/dtype.h, over
+// bf16 buffer conversions: every path bit for bit equal to the scalar rules of cabm/core/dtype.h, over
 // all special classes (zeros, subnormals, NaNs with payloads, infinities, overflow, rounding ties)
 // and many random bit patterns, for every tail length; and the run-time dispatch.
-#include "kernels/bf16.h"
+#include "cabm/kernels/bf16.h"
 
-#include "core/error.h"
+#include "cabm/core/error.h"
 
 #include <gtest/gtest.h>
 

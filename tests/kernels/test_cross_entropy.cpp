@@ -2,7 +2,7 @@
 // PyTorch's formula, and its backward against central differences (step 1e-6). Tolerances:
 // the loss is accumulated in double from float log-sum-exps (error ~1e-7 relative); the
 // gradient entries are (p − target)/count, each a float exp to a few ulps: 1e-6 absolute.
-#include "kernels/cross_entropy.h"
+#include "cabm/kernels/cross_entropy.h"
 #include "util/test_util.h"
 
 #include <cmath>

@@ -6,9 +6,9 @@
 // more u of |alpha|·Σ|a||b| + |beta·c|. bf16 inputs are exactly representable in fp32 and the
 // product of two bf16 values is exact in fp32 (8 + 8 significant bits), so the bf16 gemm obeys the
 // same bound as the fp32 one on the rounded inputs: nothing in the bound is bf16's epsilon.
-#include "core/threads.h"
-#include "kernels/bf16.h"
-#include "kernels/gemm.h"
+#include "cabm/core/threads.h"
+#include "cabm/kernels/bf16.h"
+#include "cabm/kernels/gemm.h"
 #include "util/test_util.h"
 
 #include <cmath>

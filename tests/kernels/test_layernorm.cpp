@@ -2,7 +2,7 @@
 // differences (step 1e-6: truncation ~1e-12, rounding ~1e-10). The float kernel's error is a
 // few ulps per op over rows of E <= 33 elements, so 1e-5 relative to the largest gradient
 // (float eps 1.2e-7 × ~100) separates rounding from a wrong term.
-#include "kernels/layernorm.h"
+#include "cabm/kernels/layernorm.h"
 #include "util/test_util.h"
 
 #include <cmath>

@@ -1,6 +1,6 @@
 // Row softmax and log-sum-exp against double precision; softmax_backward against central
 // differences (step 1e-6). Fully masked rows (all −inf) give 0 and −inf, not NaN.
-#include "kernels/softmax.h"
+#include "cabm/kernels/softmax.h"
 #include "util/test_util.h"
 
 #include <cmath>

@@ -1,15 +1,15 @@
 // A double-precision reference of the nn/ forward passes, written independently of the float
 // code (plain loops, one function per module), reading parameters by their PyTorch names. The
 // gradient-check tests differentiate it by central differences and compare with the float
-// backward passes. Masks use kernels/mask.h's ResolvedMask (the mask semantics are tested
+// backward passes. Masks use cabm/kernels/mask.h's ResolvedMask (the mask semantics are tested
 // elsewhere) and dropout uses the same counter-based decisions as the kernels, so training
 // mode is checked too.
 #pragma once
 
-#include "kernels/attention_reference.h"
-#include "kernels/mask.h"
-#include "nn/forward_mode.h"
-#include "nn/parameters.h"
+#include "cabm/kernels/attention_reference.h"
+#include "cabm/kernels/mask.h"
+#include "cabm/nn/forward_mode.h"
+#include "cabm/nn/parameters.h"
 
 #include <cmath>
 #include <functional>
@@ -179,7 +179,7 @@ inline Vec encoder(const Params& p, const std::string& prefix, const EncoderLaye
   return x;
 }
 
-// Mean cross-entropy, PyTorch semantics (see kernels/cross_entropy.h).
+// Mean cross-entropy, PyTorch semantics (see cabm/kernels/cross_entropy.h).
 inline double cross_entropy(const Vec& logits, int64_t rows, int64_t V, const std::vector<int64_t>& targets,
                             int64_t ignore_index, double eps) {
   double total = 0;

@@ -8,13 +8,13 @@
 // i.e. a few hundred ulps, ≲ 1e-4 of the tensor's largest gradient. So each gradient tensor
 // must satisfy max|g − g_ref| <= kRtol · max(1, max|g_ref|) with kRtol = 1e-4 (float eps is
 // 1.2e-7); a wrong or missing term shows up at the scale of the gradient itself.
-#include "nn/causal_lm.h"
-#include "nn/classifier.h"
-#include "nn/embedding.h"
-#include "nn/encoder.h"
-#include "nn/parameters.h"
-#include "nn/positional.h"
-#include "tests/nn/reference_double.h"
+#include "cabm/nn/causal_lm.h"
+#include "cabm/nn/classifier.h"
+#include "cabm/nn/embedding.h"
+#include "cabm/nn/encoder.h"
+#include "cabm/nn/parameters.h"
+#include "cabm/nn/positional.h"
+#include "nn/reference_double.h"
 #include "util/test_util.h"
 
 #include <cmath>

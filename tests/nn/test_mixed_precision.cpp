@@ -1,4 +1,4 @@
-// bf16 mixed precision in the modules (nn/mixed_precision.h) against their fp32 paths.
+// bf16 mixed precision in the modules (cabm/nn/mixed_precision.h) against their fp32 paths.
 //
 // Tolerances come from bf16's unit roundoff u = 2^-8 (8 significant bits: 7 stored + the implicit
 // one; round to nearest, so |fl(x) − x| <= u|x|; machine epsilon is 2^-7) and
@@ -16,14 +16,14 @@
 //       ||out_bf16 − out_fp32|| / ||out_fp32|| <= S·3u·κ,
 //   S the number of bf16 product stages on the longest path and κ = ||·|A||B|·|| / ||A·B||, the
 //   cancellation factor of the data, measured below on the module's first product.
-#include "kernels/attention_flash_bf16.h"
-#include "kernels/bf16.h"
-#include "kernels/gemm.h"
-#include "nn/bf16_util.h"
-#include "nn/causal_lm.h"
-#include "nn/init.h"
-#include "nn/mixed_precision.h"
-#include "nn/parameters.h"
+#include "cabm/kernels/attention_flash_bf16.h"
+#include "cabm/kernels/bf16.h"
+#include "cabm/kernels/gemm.h"
+#include "cabm/nn/bf16_util.h"
+#include "cabm/nn/causal_lm.h"
+#include "cabm/nn/init.h"
+#include "cabm/nn/mixed_precision.h"
+#include "cabm/nn/parameters.h"
 #include "util/test_util.h"
 
 #include <cmath>

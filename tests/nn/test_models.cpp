@@ -1,11 +1,11 @@
 // The model API: parameter names (PyTorch's state_dict names), gradient modules that zip name
 // by name, initialisation statistics, micro-batch gradient accumulation, incremental decoding
 // with a KV cache, and dropout reproducibility.
-#include "core/threads.h"
-#include "nn/causal_lm.h"
-#include "nn/classifier.h"
-#include "nn/init.h"
-#include "nn/parameters.h"
+#include "cabm/core/threads.h"
+#include "cabm/nn/causal_lm.h"
+#include "cabm/nn/classifier.h"
+#include "cabm/nn/init.h"
+#include "cabm/nn/parameters.h"
 #include "util/test_util.h"
 
 #include <cmath>

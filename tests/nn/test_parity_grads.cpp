@@ -15,11 +15,11 @@
 // with kFloor = 1e-3 so tensors of tiny gradients are judged on an absolute scale. A wrong
 // term (missing LayerNorm mean term, wrong mask alignment, unaccumulated tied gradient) shows
 // up at O(1) of the scale.
-#include "io/safetensors.h"
-#include "nn/causal_lm.h"
-#include "nn/classifier.h"
-#include "nn/encoder.h"
-#include "nn/parameters.h"
+#include "cabm/io/safetensors.h"
+#include "cabm/nn/causal_lm.h"
+#include "cabm/nn/classifier.h"
+#include "cabm/nn/encoder.h"
+#include "cabm/nn/parameters.h"
 #include "util/test_util.h"
 
 #include <cmath>

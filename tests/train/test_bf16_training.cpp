@@ -14,9 +14,9 @@
 // * Both must actually learn (the fp32 mean of the last 10 steps at least 0.5 nats below L_1),
 //   and the fp32 master weights must differ from their bf16 copies only by one rounding (the
 //   copies are refreshed after every step).
-#include "nn/mixed_precision.h"
-#include "nn/parameters.h"
-#include "train/lm_trainer.h"
+#include "cabm/nn/mixed_precision.h"
+#include "cabm/nn/parameters.h"
+#include "cabm/train/lm_trainer.h"
 #include "util/test_util.h"
 
 #include <cmath>

@@ -1,8 +1,8 @@
 // Checkpoints: layout, atomicity (a crash at any point leaves a loadable `latest`), keep
 // policy, clear errors for broken ones, and bit-exact resume: 2k steps straight equal
 // k steps + save + restore + k steps, losses and weights, with dropout and accumulation on.
-#include "train/checkpoint.h"
-#include "train/lm_trainer.h"
+#include "cabm/train/checkpoint.h"
+#include "cabm/train/lm_trainer.h"
 #include "util/test_util.h"
 
 #include <filesystem>

@@ -1,8 +1,8 @@
 // Sampling and generation: greedy/top-k/temperature draws, and KV-cache generation equal to
 // recomputing the whole context with the full forward, including past the model's context
 // length (sliding window).
-#include "nn/init.h"
-#include "train/generate.h"
+#include "cabm/nn/init.h"
+#include "cabm/train/generate.h"
 #include "util/test_util.h"
 
 #include <algorithm>

@@ -1,8 +1,8 @@
 // AdamW, learning-rate schedules and gradient clipping against hand-computed values and an
 // independent double-precision reference of the textbook formulas.
-#include "train/adamw.h"
-#include "train/grad_clip.h"
-#include "train/schedule.h"
+#include "cabm/train/adamw.h"
+#include "cabm/train/grad_clip.h"
+#include "cabm/train/schedule.h"
 #include "util/test_util.h"
 
 #include <cmath>

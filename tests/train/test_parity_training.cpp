@@ -3,9 +3,9 @@
 // steps on one fixed batch with AdamW (decay on matrices only), the seed's warm-up schedule and
 // gradient clipping; cabm, started from the same weights, must reproduce every step's loss,
 // gradient norm and learning rate, and the final weights.
-#include "io/safetensors.h"
-#include "nn/parameters.h"
-#include "train/lm_trainer.h"
+#include "cabm/io/safetensors.h"
+#include "cabm/nn/parameters.h"
+#include "cabm/train/lm_trainer.h"
 #include "util/test_util.h"
 
 #include <cmath>

@@ -1,8 +1,8 @@
 // Byte tokenizer and UTF-8 handling, the fortunes parser and split, text files, training
 // windows, and the langid word lists.
-#include "io/text_data.h"
-#include "io/tokenizer.h"
-#include "io/word_lists.h"
+#include "cabm/io/text_data.h"
+#include "cabm/io/tokenizer.h"
+#include "cabm/io/word_lists.h"
 #include "util/test_util.h"
 
 #include <filesystem>

@@ -1,8 +1,8 @@
 #include "util/attention_cases.h"
 
-#include "core/error.h"
-#include "core/rng.h"
-#include "kernels/block_sparse.h"
+#include "cabm/core/error.h"
+#include "cabm/core/rng.h"
+#include "cabm/kernels/block_sparse.h"
 #include "util/test_util.h"
 
 #include <fmt/format.h>

@@ -3,10 +3,10 @@
 // error bound, and the cases, buffers and checks of a fast kernel against the reference.
 #pragma once
 
-#include "core/tensor.h"
-#include "kernels/attention_flash.h"
-#include "kernels/attention_reference.h"
-#include "kernels/mask.h"
+#include "cabm/core/tensor.h"
+#include "cabm/kernels/attention_flash.h"
+#include "cabm/kernels/attention_reference.h"
+#include "cabm/kernels/mask.h"
 
 #include <cstdint>
 #include <functional>

@@ -1,7 +1,7 @@
 #include "util/test_util.h"
 
-#include "core/error.h"
-#include "core/threads.h"
+#include "cabm/core/error.h"
+#include "cabm/core/threads.h"
 
 #include <cmath>
 #include <cstdlib>

@@ -1,8 +1,8 @@
 // Helpers shared by the tests: random tensors, comparisons with tolerances, a scoped thread count.
 #pragma once
 
-#include "core/rng.h"
-#include "core/tensor.h"
+#include "cabm/core/rng.h"
+#include "cabm/core/tensor.h"
 
 #include <gtest/gtest.h>
 

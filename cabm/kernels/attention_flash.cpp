@@ -1,0 +1,842 @@
+#include "cabm/kernels/attention_flash.h"
+#include "cabm/kernels/attention_flash_detail.h"
+#include "cabm/kernels/tile_mask.h"
+
+#include "cabm/kernels/attention_simd.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <cfloat>
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <numeric>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace cabm {
+namespace {
+
+using simd::kWidth;
+using simd::Vec;
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr int64_t kPackBytes = 16 << 20;  // the forward's packed K and V (attention_flash_forward)
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+// A 64-byte aligned float buffer, zero-initialised (so padding lanes never hold NaN).
+class Floats {
+ public:
+  Floats() = default;
+  explicit Floats(int64_t n) {
+    const size_t bytes = static_cast<size_t>(round_up(std::max<int64_t>(n, 1) * 4, 64));
+    data_.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+    CABM_CHECK(data_ != nullptr, "out of memory allocating {} bytes", bytes);
+    std::fill_n(data_.get(), bytes / 4, 0.0f);
+  }
+  float* get() const { return data_.get(); }
+
+ private:
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float[], Free> data_;
+};
+
+// Per-thread buffers that outlive a call: OpenMP's threads are pooled, so a thread reuses its
+// buffers from one call to the next instead of paying page faults for fresh memory every time
+// (packed K/V and per-head backward buffers are megabytes). A buffer grows to the largest size a
+// thread has needed and is freed when the thread ends. Contents are unspecified.
+enum Slot { kPackedK, kPackedV, kQt, kS, kO, kMaskTile, kZ, kM, kL, kAlpha, kTileMax,
+            kKt, kVt, kKs, kDKt, kDVt, kDP, kLse2, kDelta, kDQ, kHeadQ, kHeadG, kSlots };
+float* scratch(Slot slot, int64_t n) {
+  thread_local std::array<std::pair<int64_t, Floats>, kSlots> pool;
+  auto& [capacity, buffer] = pool[slot];
+  if (capacity < n) {
+    buffer = Floats(n);
+    capacity = n;
+  }
+  return buffer.get();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The one micro-kernel. Every block product of the forward and backward passes has the form
+//
+//   C[r][l] (+)= Σ_k A(r, k) · B[k][l]      r < rows, l < lanes (a multiple of kWidth)
+//
+// where A is read one element at a time and broadcast (so it may be any strided view: a head of
+// q, k, v, dout in their natural [.., N, H, d] layout, or a tile of ours read transposed), and B
+// and C are our own packed tiles, read and written as whole vectors. A register block of
+// MR rows × NV vectors of C stays in registers for the whole k loop: per k, NV vector loads of B,
+// MR broadcasts of A, MR·NV fused multiply-adds.
+//   forward   Sᵀ = K · Qᵀ        (rows keys,    lanes queries, k over d)
+//             Oᵀ += Vᵀ · Pᵀ      (rows d,       lanes queries, k over keys)
+//   backward  S = Q · Kᵀ, dP = dO · Vᵀ   (rows queries, lanes keys, k over d)
+//             dVᵀ += dOᵀ · P, dKᵀ += Qᵀ · dS   (rows d, lanes keys, k over queries)
+//             dQ += dS · K       (rows queries, lanes d, k over keys)
+
+#if defined(__AVX512F__)
+constexpr int kMR = 6, kNV = 4;  // 24 accumulators + 4 B vectors + 1 broadcast of 32 zmm
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int kMR = 6, kNV = 2;  // 12 accumulators + 2 B vectors + 1 broadcast of 16 ymm
+#else
+constexpr int kMR = 4, kNV = 2;
+#endif
+
+// C = A·B;  C += A·B;  C = alpha[l]·C + A·B;  C = A·B and lane_max[l] = max(lane_max[l], max_r C[r][l]).
+enum class Accum { kOverwrite, kAdd, kScaleAdd, kOverwriteMax };
+
+// Left alone, GCC folds the B loads into the FMAs' memory operands for some block shapes (MR·NV
+// loads instead of NV per k), which saturates the load ports and halves the speed of the tails.
+inline void keep_in_register(Vec& x) {
+#if defined(__AVX512F__)
+  __asm__("" : "+v"(x.v));
+#elif defined(__AVX2__) && defined(__FMA__)
+  __asm__("" : "+x"(x.v));
+#else
+  (void)x;
+#endif
+}
+
+struct ScalarOperand {  // A(r, k) = data[r · row_stride + k · k_stride]
+  const float* data;
+  int64_t row_stride, k_stride;
+};
+struct VectorOperand {  // B[k][l] = data[k · ld + l]
+  const float* data;
+  int64_t ld;
+};
+struct TileRef {  // C[r][l] = data[r · ld + l]
+  float* data;
+  int64_t ld;
+};
+
+// lanes: alpha (kScaleAdd, read) or lane_max (kOverwriteMax, read and written), else unused.
+template <int MR, int NV, Accum kMode>
+void block_kernel(int64_t K, ScalarOperand a, VectorOperand b, TileRef c, float* lanes) {
+  Vec acc[MR][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) {
+      if constexpr (kMode == Accum::kOverwrite || kMode == Accum::kOverwriteMax) {
+        acc[r][v] = simd::zero();
+      } else {
+        acc[r][v] = simd::load(c.data + r * c.ld + v * kWidth);
+        if constexpr (kMode == Accum::kScaleAdd) acc[r][v] = simd::mul(acc[r][v], simd::load(lanes + v * kWidth));
+      }
+    }
+  }
+  const float* ap = a.data;
+  const float* bp = b.data;
+  for (int64_t k = 0; k < K; ++k, ap += a.k_stride, bp += b.ld) {
+    Vec bv[NV];
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) {
+      bv[v] = simd::load(bp + v * kWidth);
+      keep_in_register(bv[v]);
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const Vec ar = simd::broadcast(ap + r * a.row_stride);
+#pragma GCC unroll 16
+      for (int v = 0; v < NV; ++v) acc[r][v] = simd::fma(ar, bv[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) simd::store(c.data + r * c.ld + v * kWidth, acc[r][v]);
+  }
+  if constexpr (kMode == Accum::kOverwriteMax) {
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) {
+      Vec m = simd::load(lanes + v * kWidth);
+#pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) m = simd::max(m, acc[r][v]);
+      simd::store(lanes + v * kWidth, m);
+    }
+  }
+}
+
+using BlockKernel = void (*)(int64_t, ScalarOperand, VectorOperand, TileRef, float*);
+
+template <Accum kMode, int MR, int... NVs>
+constexpr std::array<BlockKernel, kNV> kernel_row(std::integer_sequence<int, NVs...>) {
+  return {&block_kernel<MR, NVs + 1, kMode>...};
+}
+template <Accum kMode, int... MRs>
+constexpr std::array<std::array<BlockKernel, kNV>, kMR> kernel_table(std::integer_sequence<int, MRs...>) {
+  return {kernel_row<kMode, MRs + 1>(std::make_integer_sequence<int, kNV>())...};
+}
+// kKernels[mode][mr − 1][nv − 1]
+constexpr std::array<std::array<std::array<BlockKernel, kNV>, kMR>, 4> kKernels = {
+    kernel_table<Accum::kOverwrite>(std::make_integer_sequence<int, kMR>()),
+    kernel_table<Accum::kAdd>(std::make_integer_sequence<int, kMR>()),
+    kernel_table<Accum::kScaleAdd>(std::make_integer_sequence<int, kMR>()),
+    kernel_table<Accum::kOverwriteMax>(std::make_integer_sequence<int, kMR>())};
+
+// C[rows][lanes] (+)= A[rows][K] · B[K][lanes], blocked over the micro-kernel; `lanes_aux` holds
+// one value per lane: alpha for kScaleAdd, the running maximum for kOverwriteMax.
+void tile_product(int64_t rows, int64_t lanes, int64_t K, ScalarOperand a, VectorOperand b, TileRef c, Accum mode,
+                  float* lanes_aux = nullptr) {
+  const auto& table = kKernels[static_cast<int>(mode)];
+  for (int64_t l0 = 0; l0 < lanes; l0 += kNV * kWidth) {
+    const int64_t nv = std::min<int64_t>(kNV, (lanes - l0) / kWidth);
+    for (int64_t r0 = 0; r0 < rows; r0 += kMR) {
+      const int64_t mr = std::min<int64_t>(kMR, rows - r0);
+      table[mr - 1][nv - 1](K, {a.data + r0 * a.row_stride, a.row_stride, a.k_stride}, {b.data + l0, b.ld},
+                            {c.data + r0 * c.ld + l0, c.ld}, lanes_aux ? lanes_aux + l0 : nullptr);
+    }
+  }
+}
+
+// A head's rows of a [B, L, H, d] view: row r at data + r · stride.
+struct HeadRows {
+  float* data;
+  int64_t stride;
+  const float* row(int64_t r) const { return data + r * stride; }
+};
+HeadRows head_rows(const Tensor& t, int64_t b, int64_t h) {
+  return {t.data<float>() + b * t.stride(0) + h * t.stride(2), t.stride(1)};
+}
+
+// The inputs q, k, v have elements of type T: float, or bf16 for the bf16 kernels' SIMD path
+// (attention_flash_detail.h). bf16 is widened exactly (a 16-bit shift) whenever a tile is packed,
+// so every block product runs on fp32 tiles. With T = bf16 the other operands of the products are
+// rounded to bf16 values (kept in fp32) where attention_flash_bf16.h says: P before P·V in the
+// forward; dO, P∘z and dS in the backward. Everything else (scores, softmax statistics, D, dP,
+// the accumulators) is fp32 either way.
+template <typename T>
+struct InputRows {
+  const T* data;
+  int64_t stride;
+  const T* row(int64_t r) const { return data + r * stride; }
+};
+template <typename T>
+InputRows<T> input_rows(const Tensor& t, int64_t b, int64_t h) {
+  return {t.data<T>() + b * t.stride(0) + h * t.stride(2), t.stride(1)};
+}
+inline float widen(float x) { return x; }
+inline float widen(bf16 x) { return bf16_to_float(x); }
+template <typename T>
+void widen_row(const T* src, int64_t n, float* dst) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::copy_n(src, n, dst);
+  } else {
+    for (int64_t c = 0; c < n; ++c) dst[c] = widen(src[c]);
+  }
+}
+template <typename T>
+constexpr bool kRoundsProducts = std::is_same_v<T, bf16>;
+
+// dst = src rounded to bf16 values, rows × lanes (a multiple of kWidth) of tiles with stride ld.
+void round_tile_to_bf16(const float* src, float* dst, int64_t rows, int64_t lanes, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t lv = 0; lv < lanes; lv += kWidth)
+      simd::store(dst + r * ld + lv, simd::round_to_bf16(simd::load(src + r * ld + lv)));
+}
+
+// The shapes and constants of one call, shared by all threads.
+struct Problem {
+  int64_t B, N, H, M, d, dv;
+  int64_t block_q, block_k;
+  float scale;       // of the scores
+  float keep_scale;  // 1 / (1 − dropout)
+  bool dropout;
+  bool bf16;  // bf16 inputs, products' operands rounded (see InputRows)
+};
+
+Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
+                     const FlashConfig& config, bool backward) {
+  CABM_CHECK(options.dropout >= 0.0f && options.dropout < 1.0f, "dropout {} outside [0, 1)", options.dropout);
+  const FlashConfig tiles = flash_resolved_config(config, options, q.size(3), q.size(1), backward);
+  Problem p{};
+  p.B = q.size(0), p.N = q.size(1), p.H = q.size(2), p.M = k.size(1), p.d = q.size(3), p.dv = v.size(3);
+  p.block_q = tiles.block_q, p.block_k = tiles.block_k;
+  p.scale = attention_scale(options, q.size(3));
+  p.keep_scale = 1.0f / (1.0f - options.dropout);
+  p.dropout = options.dropout > 0.0f;
+  p.bf16 = q.dtype() == DType::BF16;
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward. One work item is (b, h, query tile). Its buffers hold the tile transposed, lanes over
+// the query rows, so the online softmax is purely vertical: the running maximum and sum of row i
+// live in lane i, and rescaling the accumulator Oᵀ is one multiply per vector.
+
+struct ForwardBuffers {
+  int64_t ld;  // lanes: block_q rounded up to the vector width
+  float *qt, *s, *o, *mask, *z, *m, *l, *alpha, *tile_max;
+  explicit ForwardBuffers(const Problem& p)
+      : ld(round_up(p.block_q, kWidth)),
+        qt(scratch(kQt, p.d * ld)),
+        s(scratch(kS, p.block_k * ld)),
+        o(scratch(kO, p.dv * ld)),
+        mask(scratch(kMaskTile, p.block_k * ld)),
+        z(p.dropout ? scratch(kZ, p.block_k * ld) : nullptr),
+        m(scratch(kM, ld)),
+        l(scratch(kL, ld)),
+        alpha(scratch(kAlpha, ld)),
+        tile_max(scratch(kTileMax, ld)) {}
+};
+
+struct ForwardArgs {
+  const Tensor &q, &out;
+  const float *k, *v;  // packed heads first_head, first_head + 1, ...: [heads, M, d] and [heads, M, dv]
+  int64_t first_head;  // b·H + h of the first packed head (see attention_flash_forward)
+  float* lse;  // [B, H, N] or null
+  const AttentionOptions& options;
+  const TileMask& mask;
+  const Problem& p;
+};
+
+template <typename T>
+void forward_query_tile(const ForwardArgs& args, ForwardBuffers& buf, int64_t b, int64_t h, int64_t qt) {
+  const Problem& p = args.p;
+  const int64_t i0 = qt * p.block_q, ni = std::min(p.block_q, p.N - i0);
+  const int64_t lanes = round_up(ni, kWidth), ld = buf.ld;
+  const Range rows{i0, i0 + ni};
+  const InputRows<T> q = input_rows<T>(args.q, b, h);
+  const HeadRows out = head_rows(args.out, b, h);
+  const int64_t packed = b * p.H + h - args.first_head;
+  const HeadRows k{const_cast<float*>(args.k) + packed * p.M * p.d, p.d};
+  const HeadRows v{const_cast<float*>(args.v) + packed * p.M * p.dv, p.dv};
+
+  // Qᵀ, pre-multiplied by scale·log2(e) so that the scores come out in base 2: exp2 is cheaper.
+  const float qscale = p.scale * kLog2e;
+  float* qt_buf = buf.qt;
+  for (int64_t c = 0; c < p.d; ++c) {
+    for (int64_t r = 0; r < ni; ++r) qt_buf[c * ld + r] = widen(q.row(i0 + r)[c]) * qscale;
+    for (int64_t r = ni; r < lanes; ++r) qt_buf[c * ld + r] = 0.0f;
+  }
+  // Running maximum (base-2 scores) and sum. −FLT_MAX rather than −inf keeps exp2(s − m) free of
+  // inf − inf for rows that have seen only masked scores so far.
+  float *m = buf.m, *l = buf.l, *alpha = buf.alpha, *s = buf.s, *o = buf.o;
+  std::fill_n(m, lanes, -FLT_MAX);
+  std::fill_n(l, lanes, 0.0f);
+  bool first = true;
+  const DropoutMatrix dropout(args.options, b, h, p.H, p.M);
+
+  const Range key_range = args.mask.key_range(b, rows);
+  for (int64_t j0 = key_range.begin / p.block_k * p.block_k; j0 < key_range.end; j0 += p.block_k) {
+    const int64_t nk = std::min(p.block_k, p.M - j0);
+    const Range keys{j0, j0 + nk};
+    const TileKind kind = args.mask.classify(b, h, rows, keys);
+    if (kind == TileKind::kSkip) continue;
+    if (kind == TileKind::kPartial) {
+      args.mask.fill(b, h, rows, keys, kLog2e, buf.mask, 1, ld);
+      if (args.mask.per_element()) {  // skip a tile the tensors block entirely
+        bool any = false;
+        for (int64_t r = 0; r < nk && !any; ++r)
+          for (int64_t c = 0; c < ni && !any; ++c) any = buf.mask[r * ld + c] != -INFINITY;
+        if (!any) continue;
+      }
+    }
+    // Sᵀ[j][i] = log2(e)·scale·k_j·q_i (+ mask). Without a mask the kernel also leaves each lane's
+    // maximum over the tile in tile_max.
+    float* tile_max = buf.tile_max;
+    std::fill_n(tile_max, lanes, -INFINITY);
+    if (kind == TileKind::kFull) {
+      tile_product(nk, lanes, p.d, {k.row(j0), k.stride, 1}, {qt_buf, ld}, {s, ld}, Accum::kOverwriteMax, tile_max);
+    } else {
+      tile_product(nk, lanes, p.d, {k.row(j0), k.stride, 1}, {qt_buf, ld}, {s, ld}, Accum::kOverwrite);
+      const float* mk = buf.mask;
+      for (int64_t lv = 0; lv < lanes; lv += kWidth) {
+        Vec x_max = simd::set1(-INFINITY);
+        for (int64_t r = 0; r < nk; ++r) {
+          const Vec x = simd::add(simd::load(s + r * ld + lv), simd::load(mk + r * ld + lv));
+          simd::store(s + r * ld + lv, x);
+          x_max = simd::max(x_max, x);
+        }
+        simd::store(tile_max + lv, x_max);
+      }
+    }
+
+    // Online softmax, one vector of query rows at a time.
+    bool grew = false;
+    for (int64_t lv = 0; lv < lanes; lv += kWidth) {
+      const Vec m_old = simd::load(m + lv);
+      const Vec m_new = simd::max(m_old, simd::load(tile_max + lv));
+      grew |= simd::any_greater(m_new, m_old);
+      const Vec a = simd::exp2_nonpositive(simd::sub(m_old, m_new));
+      Vec sum = simd::zero();
+      for (int64_t r = 0; r < nk; ++r) {
+        const Vec e = simd::exp2_nonpositive(simd::sub(simd::load(s + r * ld + lv), m_new));
+        simd::store(s + r * ld + lv, e);
+        sum = simd::add(sum, e);
+      }
+      simd::store(alpha + lv, a);
+      simd::store(m + lv, m_new);
+      simd::store(l + lv, simd::fma(simd::load(l + lv), a, sum));
+    }
+    // Dropout multiplies the weights that meet V, not the normaliser l (the reference drops after
+    // normalising, which is the same thing).
+    if (p.dropout) {
+      float* z = buf.z;
+      for (int64_t r = 0; r < ni; ++r) dropout.fill_row(i0 + r, j0, j0 + nk, p.keep_scale, z + r, ld);
+      for (int64_t r = 0; r < nk; ++r)
+        for (int64_t lv = 0; lv < lanes; lv += kWidth)
+          simd::store(s + r * ld + lv, simd::mul(simd::load(s + r * ld + lv), simd::load(z + r * ld + lv)));
+    }
+    // Mixed precision: P (∘ z) enters P·V as bf16; l above summed the fp32 values.
+    if constexpr (kRoundsProducts<T>) round_tile_to_bf16(s, s, nk, lanes, ld);
+    // Oᵀ = alpha ∘ Oᵀ + Vᵀ Pᵀ; the rescale only when some row's maximum grew.
+    const Accum mode = first ? Accum::kOverwrite : grew ? Accum::kScaleAdd : Accum::kAdd;
+    tile_product(p.dv, lanes, nk, {v.row(j0), 1, v.stride}, {s, ld}, {o, ld}, mode, alpha);
+    first = false;
+  }
+
+  // One division per row at the end; fully masked rows (l = 0) give 0 and lse = −inf.
+  for (int64_t r = 0; r < ni; ++r) {
+    float* orow = out.data + (i0 + r) * out.stride;
+    if (first || l[r] == 0.0f) {
+      std::fill_n(orow, p.dv, 0.0f);
+    } else {
+      const float inv = 1.0f / l[r];
+      for (int64_t c = 0; c < p.dv; ++c) orow[c] = o[c * ld + r] * inv;
+    }
+    if (args.lse)
+      args.lse[(b * p.H + h) * p.N + i0 + r] = l[r] > 0.0f ? (m[r] + std::log2(l[r])) * kLn2 : -INFINITY;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward. One work item is (b, h, key tile); it owns its rows of dk and dv, walks the query
+// tiles that can see it, and adds its share of dq into a per-thread accumulator for the head.
+// Its buffers hold tiles with lanes over the keys: Kᵀ and Vᵀ packed once per item, S, P, dP, dS
+// row per query.
+
+struct BackwardBuffers {
+  int64_t ld, dp;  // lanes: block_k and d rounded up to the vector width
+  float *kt, *vt, *ks, *dkt, *dvt, *s, *dpp, *mask, *z;
+  // Per chunk of query rows of one head (see backward_chunk_rows):
+  float *lse2, *delta, *dq;  // [rows], [rows], [rows][dp]
+  float *q, *g;              // Q [rows][d] and dO [rows][dv], packed (see the forward's K, V)
+  int64_t head = -1;         // b·H + h the per-chunk buffers hold
+  Range chunk{0, 0};         // ... and which query rows
+  BackwardBuffers(const Problem& p, int64_t rows)
+      : ld(round_up(p.block_k, kWidth)),
+        dp(round_up(p.d, kWidth)),
+        kt(scratch(kKt, p.d * ld)),
+        vt(scratch(kVt, p.dv * ld)),
+        ks(scratch(kKs, p.block_k * dp)),
+        dkt(scratch(kDKt, p.d * ld)),
+        dvt(scratch(kDVt, p.dv * ld)),
+        s(scratch(kS, p.block_q * ld)),
+        dpp(scratch(kDP, p.block_q * ld)),
+        mask(scratch(kMaskTile, p.block_q * ld)),
+        z(p.dropout || p.bf16 ? scratch(kZ, p.block_q * ld) : nullptr),
+        lse2(scratch(kLse2, rows)),
+        delta(scratch(kDelta, rows)),
+        dq(scratch(kDQ, rows * dp)),
+        q(scratch(kHeadQ, rows * p.d)),
+        g(scratch(kHeadG, rows * p.dv)) {}
+};
+
+struct BackwardArgs {
+  const AttentionSaved& saved;
+  const Tensor& dout;
+  const AttentionGrads& grads;
+  const AttentionOptions& options;
+  const TileMask& mask;
+  const Problem& p;
+};
+
+// The query rows a thread holds at once in whole-head mode (FlashConfig::backward_rows): all N
+// when the per-row buffers (Q, dO, dq, lse, D) fit in kChunkBytes, else a multiple of block_q
+// that does. With long sequences this bounds the backward's working memory (N = 65536, d = 64:
+// 48 MiB per thread without chunks); each extra chunk costs one more packing of the key tiles
+// (O(M·d) against O(rows·M·d) of products). It depends only on the shapes, never on the thread
+// count.
+constexpr int64_t kChunkBytes = 4 << 20;
+int64_t backward_chunk_rows(const Problem& p, const FlashConfig& config) {
+  CABM_CHECK(config.backward_rows >= 0, "backward_rows must be >= 0, got {}", config.backward_rows);
+  if (config.backward_rows > 0) return std::min(p.N, round_up(config.backward_rows, p.block_q));
+  const int64_t row_bytes = 4 * (round_up(p.d, kWidth) + p.d + p.dv + 2);
+  if (p.N * row_bytes <= kChunkBytes) return p.N;
+  return std::max<int64_t>(1, kChunkBytes / row_bytes / p.block_q) * p.block_q;
+}
+
+// Setup for the query rows `chunk` of a head: Q and dO packed (dO as bf16 values in mixed
+// precision: it is used only as an operand of products), lse in base 2 (+inf for fully masked
+// rows, so that exp2(s − lse) = 0 there), D_i = dO_i · O_i in fp32, and a zero dq accumulator.
+template <typename T>
+void backward_begin_chunk(const BackwardArgs& args, BackwardBuffers& buf, int64_t b, int64_t h, Range chunk) {
+  const Problem& p = args.p;
+  const float* lse = args.saved.lse.data<float>() + (b * p.H + h) * p.N;
+  const HeadRows o = head_rows(args.saved.out, b, h), g = head_rows(args.dout, b, h);
+  const InputRows<T> q = input_rows<T>(args.saved.q, b, h);
+  for (int64_t i = chunk.begin; i < chunk.end; ++i) {
+    const int64_t r = i - chunk.begin;
+    widen_row(q.row(i), p.d, buf.q + r * p.d);
+    if constexpr (kRoundsProducts<T>) {
+      for (int64_t c = 0; c < p.dv; ++c) buf.g[r * p.dv + c] = bf16_to_float(float_to_bf16(g.row(i)[c]));
+    } else {
+      std::copy_n(g.row(i), p.dv, buf.g + r * p.dv);
+    }
+    buf.lse2[r] = lse[i] == -INFINITY ? INFINITY : lse[i] * kLog2e;
+    float dot = 0.0f;
+    for (int64_t c = 0; c < p.dv; ++c) dot += o.row(i)[c] * g.row(i)[c];
+    buf.delta[r] = dot;
+  }
+  std::fill_n(buf.dq, (chunk.end - chunk.begin) * buf.dp, 0.0f);
+  buf.head = b * p.H + h;
+  buf.chunk = chunk;
+}
+
+// One key tile against the query rows of buf.chunk: dK and dV rows of the tile are written
+// (the head's first chunk) or added to (later chunks); dq accumulates in buf.dq.
+template <typename T>
+void backward_key_tile(const BackwardArgs& args, BackwardBuffers& buf, int64_t b, int64_t h, int64_t kt) {
+  const Problem& p = args.p;
+  const int64_t j0 = kt * p.block_k, nk = std::min(p.block_k, p.M - j0);
+  const int64_t lanes = round_up(nk, kWidth), ld = buf.ld, dp = buf.dp;
+  const Range keys{j0, j0 + nk};
+  const HeadRows dk = head_rows(args.grads.dk, b, h), dv = head_rows(args.grads.dv, b, h);
+  const Range chunk = buf.chunk, all_rows = args.mask.query_range(b, keys);
+  const Range query_range{std::max(all_rows.begin, chunk.begin), std::min(all_rows.end, chunk.end)};
+  const bool first_chunk = chunk.begin == 0;
+  if (query_range.begin >= query_range.end) {  // no query of this chunk sees the tile
+    for (int64_t r = 0; r < nk && first_chunk; ++r) {
+      std::fill_n(dk.data + (j0 + r) * dk.stride, p.d, 0.0f);
+      std::fill_n(dv.data + (j0 + r) * dv.stride, p.dv, 0.0f);
+    }
+    return;
+  }
+  const InputRows<T> k = input_rows<T>(args.saved.k, b, h), v = input_rows<T>(args.saved.v, b, h);
+  // Packed by backward_begin_chunk: row i of the head is row i − chunk.begin here.
+  const HeadRows q{buf.q, p.d}, g{buf.g, p.dv};
+
+  // Kᵀ scaled into base-2 scores (as the forward's Qᵀ), Vᵀ, and K·scale row-major for dQ = dS (scale·K).
+  const float kscale = p.scale * kLog2e;
+  float *kt_buf = buf.kt, *vt_buf = buf.vt, *ks = buf.ks;
+  for (int64_t c = 0; c < p.d; ++c) {
+    for (int64_t r = 0; r < nk; ++r) kt_buf[c * ld + r] = widen(k.row(j0 + r)[c]) * kscale;
+    for (int64_t r = nk; r < lanes; ++r) kt_buf[c * ld + r] = 0.0f;
+  }
+  for (int64_t c = 0; c < p.dv; ++c) {
+    for (int64_t r = 0; r < nk; ++r) vt_buf[c * ld + r] = widen(v.row(j0 + r)[c]);
+    for (int64_t r = nk; r < lanes; ++r) vt_buf[c * ld + r] = 0.0f;
+  }
+  for (int64_t r = 0; r < nk; ++r) {
+    for (int64_t c = 0; c < p.d; ++c) ks[r * dp + c] = widen(k.row(j0 + r)[c]) * p.scale;
+    for (int64_t c = p.d; c < dp; ++c) ks[r * dp + c] = 0.0f;
+  }
+  float *dkt = buf.dkt, *dvt = buf.dvt, *s = buf.s, *dps = buf.dpp;
+  std::fill_n(dkt, p.d * ld, 0.0f);
+  std::fill_n(dvt, p.dv * ld, 0.0f);
+  const float *lse2 = buf.lse2, *delta = buf.delta;
+  float* dq = buf.dq;
+  const DropoutMatrix dropout(args.options, b, h, p.H, p.M);
+
+  // Query tiles on the block_q grid of the head (chunks start on it), clipped to the chunk.
+  for (int64_t i0 = query_range.begin / p.block_q * p.block_q; i0 < query_range.end; i0 += p.block_q) {
+    const int64_t ni = std::min(p.block_q, chunk.end - i0), li = i0 - chunk.begin;  // li: chunk-local
+    const Range rows{i0, i0 + ni};
+    const TileKind kind = args.mask.classify(b, h, rows, keys);
+    if (kind == TileKind::kSkip) continue;
+    if (kind == TileKind::kPartial) args.mask.fill(b, h, rows, keys, kLog2e, buf.mask, ld, 1);
+
+    // S = Q Kᵀ (base 2, + mask);  P = exp2(S − lse2)
+    tile_product(ni, lanes, p.d, {q.row(li), q.stride, 1}, {kt_buf, ld}, {s, ld}, Accum::kOverwrite);
+    for (int64_t r = 0; r < ni; ++r) {
+      const Vec row_lse = simd::set1(lse2[li + r]);
+      float* srow = s + r * ld;
+      const float* mrow = buf.mask + r * ld;
+      for (int64_t lv = 0; lv < lanes; lv += kWidth) {
+        Vec x = simd::load(srow + lv);
+        if (kind == TileKind::kPartial) x = simd::add(x, simd::load(mrow + lv));
+        // Recomputed scores may exceed lse by rounding: clamp, P <= 1.
+        simd::store(srow + lv, simd::exp2_nonpositive(simd::min(simd::sub(x, row_lse), simd::zero())));
+      }
+    }
+    // dP = dO Vᵀ
+    tile_product(ni, lanes, p.dv, {g.row(li), g.stride, 1}, {vt_buf, ld}, {dps, ld}, Accum::kOverwrite);
+    // Dropout: the weights that met V are P∘z, and dP (w.r.t. the undropped P) is dP∘z.
+    const float* p_used = s;
+    if (p.dropout) {
+      float* z = buf.z;
+      for (int64_t r = 0; r < ni; ++r) {
+        dropout.fill_row(i0 + r, j0, j0 + nk, p.keep_scale, z + r * ld, 1);
+        for (int64_t lv = 0; lv < lanes; lv += kWidth) {
+          const Vec zz = simd::load(z + r * ld + lv);
+          simd::store(dps + r * ld + lv, simd::mul(simd::load(dps + r * ld + lv), zz));
+          simd::store(z + r * ld + lv, simd::mul(simd::load(s + r * ld + lv), zz));
+        }
+      }
+      p_used = z;
+    }
+    // Mixed precision: P∘z enters dV as bf16 (into z; P stays fp32 for dS).
+    if constexpr (kRoundsProducts<T>) {
+      round_tile_to_bf16(p_used, buf.z, ni, lanes, ld);
+      p_used = buf.z;
+    }
+    // dVᵀ += dOᵀ (P∘z)
+    tile_product(p.dv, lanes, ni, {g.row(li), 1, g.stride}, {p_used, ld}, {dvt, ld}, Accum::kAdd);
+    // dS = P ∘ (dP − D)
+    for (int64_t r = 0; r < ni; ++r) {
+      const Vec row_delta = simd::set1(delta[li + r]);
+      for (int64_t lv = 0; lv < lanes; lv += kWidth) {
+        const Vec ds = simd::mul(simd::load(s + r * ld + lv), simd::sub(simd::load(dps + r * ld + lv), row_delta));
+        simd::store(dps + r * ld + lv, ds);
+      }
+    }
+    // Mixed precision: dS enters dK and dQ as bf16.
+    if constexpr (kRoundsProducts<T>) round_tile_to_bf16(dps, dps, ni, lanes, ld);
+    // dKᵀ += Qᵀ dS (scaled at the end);  dQ += dS (scale·K), only over the tile's real keys.
+    tile_product(p.d, lanes, ni, {q.row(li), 1, q.stride}, {dps, ld}, {dkt, ld}, Accum::kAdd);
+    tile_product(ni, dp, nk, {dps, ld, 1}, {ks, dp}, {dq + li * dp, dp}, Accum::kAdd);
+  }
+
+  for (int64_t r = 0; r < nk; ++r) {
+    float* dkrow = dk.data + (j0 + r) * dk.stride;
+    float* dvrow = dv.data + (j0 + r) * dv.stride;
+    if (first_chunk) {
+      for (int64_t c = 0; c < p.d; ++c) dkrow[c] = dkt[c * ld + r] * p.scale;
+      for (int64_t c = 0; c < p.dv; ++c) dvrow[c] = dvt[c * ld + r];
+    } else {
+      for (int64_t c = 0; c < p.d; ++c) dkrow[c] += dkt[c * ld + r] * p.scale;
+      for (int64_t c = 0; c < p.dv; ++c) dvrow[c] += dvt[c * ld + r];
+    }
+  }
+}
+
+// dq rows `rows` of a head from an accumulator holding them from its row 0.
+void write_dq_rows(const float* acc, int64_t dp, const HeadRows& dq, Range rows, int64_t d) {
+  for (int64_t i = rows.begin; i < rows.end; ++i) std::copy_n(acc + (i - rows.begin) * dp, d, dq.data + i * dq.stride);
+}
+
+// The backward's work split when there are few heads (see attention_flash_backward): contiguous
+// runs of key tiles. Called by every thread of the parallel region (it contains a barrier).
+struct Partial {  // dq of a head this thread shares with a neighbour
+  int64_t head = -1;
+  Floats acc;
+};
+template <typename Elem>
+void backward_split_key_tiles(const BackwardArgs& args, const std::vector<int64_t>& prefix,
+                              std::vector<std::array<Partial, 2>>& partials, int t, int T) {
+  const Problem& p = args.p;
+  const int64_t n_kt = ceil_div(p.M, p.block_k), total = prefix.back();
+  const AttentionGrads& grads = args.grads;
+  const auto cut = [&](int u) {
+    return static_cast<int64_t>(std::lower_bound(prefix.begin(), prefix.end(), total * u / T) - prefix.begin());
+  };
+  const Range run{cut(t), cut(t + 1)};
+  if (run.begin < run.end) {
+    BackwardBuffers buf(p, p.N);  // whole heads: a head's key tiles are split between threads
+    const auto finish_head = [&]() {
+      const int64_t hd = buf.head, b = hd / p.H, h = hd % p.H;
+      if (hd * n_kt >= run.begin && (hd + 1) * n_kt <= run.end) {
+        write_dq_rows(buf.dq, buf.dp, head_rows(grads.dq, b, h), {0, p.N}, p.d);
+      } else {
+        Partial& slot = partials[t][hd * n_kt < run.begin ? 0 : 1];
+        slot.head = hd;
+        slot.acc = Floats(p.N * buf.dp);
+        std::copy_n(buf.dq, p.N * buf.dp, slot.acc.get());
+      }
+    };
+    for (int64_t n = run.begin; n < run.end; ++n) {
+      const int64_t hd = n / n_kt;
+      if (hd != buf.head) {
+        if (buf.head >= 0) finish_head();
+        backward_begin_chunk<Elem>(args, buf, hd / p.H, hd % p.H, {0, p.N});
+      }
+      backward_key_tile<Elem>(args, buf, hd / p.H, hd % p.H, n % n_kt);
+    }
+    finish_head();
+  }
+#pragma omp barrier
+  // Heads cut between runs: the thread where the head starts (its slot 1) sums all parts in
+  // thread order; later threads hold the rest in their slot 0.
+  if (Partial& mine = partials[t][1]; mine.head >= 0) {
+    const int64_t hd = mine.head;
+    const int64_t dp = round_up(p.d, kWidth);
+    float* acc = mine.acc.get();
+    for (int u = t + 1; u < T; ++u) {
+      const Partial& other = partials[u][0];
+      if (other.head != hd) continue;
+      for (int64_t e = 0; e < p.N * dp; ++e) acc[e] += other.acc.get()[e];
+    }
+    write_dq_rows(acc, dp, head_rows(grads.dq, hd / p.H, hd % p.H), {0, p.N}, p.d);
+  }
+}
+
+}  // namespace
+
+const char* flash_isa() { return simd::kIsa; }
+
+FlashConfig flash_resolved_config(const FlashConfig& config, const AttentionOptions& options, int64_t d, int64_t n,
+                                  bool backward) {
+  FlashConfig c = config;
+  CABM_CHECK(c.block_q >= 0 && c.block_k >= 0, "flash tile sizes must be >= 0, got {}x{}", c.block_q, c.block_k);
+  // Chosen on Zen 3 with AVX2 (32 KiB L1d, 512 KiB L2); differences between neighbouring choices
+  // were within the measurement noise of a shared machine (±10%), so the rules are structural:
+  //  - the broadcast dimension of the big products (keys in the forward's S = K·Qᵀ, queries in the
+  //    backward's S and dP) is a multiple of the micro-kernel's 6 rows: no tail blocks;
+  //  - the lane dimension is a multiple of 16 (two AVX2 vectors, a quarter of an AVX-512 chunk);
+  //  - for d > 64 the forward takes 32 query rows so that Qᵀ and Oᵀ stay at 16 KiB each.
+  //  - short sequences (N <= 256) with a diagonal (causal, sliding window) take 32 × 32 tiles:
+  //    there nearly every tile of the default size straddles the diagonal and pays for a mask.
+  //    Measured (B·N = 4096, H 8, 2 threads, causal; tile sizes interleaved in one process):
+  //    N = 128, d 32: forward +24–31%, backward +12–24%; N = 256: +17% and +9–11%; at N = 512
+  //    the gain is down to ≈ 5% and the defaults stay.
+  // Not tuned for AVX-512 (no such machine was available).
+  //    (Not for one query row, KV-cache decoding: its row sees whole tiles, no diagonal.)
+  const bool short_diagonal =
+      n > 1 && n <= 256 && (options.mask.causal_align() != CausalAlign::kNone || options.mask.has_window());
+  const int64_t default_q = short_diagonal ? 32 : backward ? 96 : (d > 64 ? 32 : 64);
+  const int64_t default_k = short_diagonal ? 32 : 96;
+  // With a block-sparse layout, tiles that coincide with its blocks let whole blocks be skipped.
+  const auto& layouts = options.mask.block_layouts();
+  if (c.block_q == 0) {
+    c.block_q = default_q;
+    if (!layouts.empty() && layouts[0].block_q >= 8 && layouts[0].block_q <= 256) c.block_q = layouts[0].block_q;
+  }
+  if (c.block_k == 0) {
+    c.block_k = default_k;
+    if (!layouts.empty() && layouts[0].block_k >= 8 && layouts[0].block_k <= 256) c.block_k = layouts[0].block_k;
+  }
+  return c;
+}
+
+namespace {
+
+// The forward and backward drivers, for inputs of element type T (see InputRows); shapes checked
+// by the caller.
+template <typename T>
+void flash_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
+                   const Tensor& out, const Tensor* lse, const FlashConfig& config) {
+  const Problem p = make_problem(q, k, v, options, config, false);
+  if (lse)
+    CABM_CHECK(lse->dtype() == DType::F32 && lse->shape() == (Shape{p.B, p.H, p.N}) && lse->is_contiguous(),
+               "lse must be a contiguous F32 [B, H, N] tensor, got {}", shape_str(lse->shape()));
+  const TileMask mask(options.mask, p.B, p.H, p.N, p.M);
+  // K and V are packed head by head into contiguous rows. Heads are strided views (row stride H·d,
+  // or 3·H·d in a fused projection): the rows of one tile, a power-of-two multiple of 512 bytes
+  // apart, would fall into a few L1 sets and evict each other. Packing costs one pass over K and V.
+  // Heads go in waves whose packed K and V fit in kPackBytes (all heads at once for training
+  // shapes; one head at a time for long sequences), so the copy never grows with B·H·M.
+  const int64_t heads = p.B * p.H, head_floats = p.M * (p.d + p.dv);
+  const int64_t wave = std::clamp<int64_t>(kPackBytes / 4 / std::max<int64_t>(head_floats, 1), 1, heads);
+  float* const k_packed = scratch(kPackedK, wave * p.M * p.d);
+  float* const v_packed = scratch(kPackedV, wave * p.M * p.dv);
+  for (int64_t first = 0; first < heads; first += wave) {
+    const int64_t count = std::min(wave, heads - first);
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < count; ++n) {
+      const int64_t b = (first + n) / p.H, h = (first + n) % p.H;
+      const InputRows<T> ks = input_rows<T>(k, b, h), vs = input_rows<T>(v, b, h);
+      float* kd = k_packed + n * p.M * p.d;
+      float* vd = v_packed + n * p.M * p.dv;
+      for (int64_t j = 0; j < p.M; ++j) {
+        widen_row(ks.row(j), p.d, kd + j * p.d);
+        widen_row(vs.row(j), p.dv, vd + j * p.dv);
+      }
+    }
+    const ForwardArgs args{q, out, k_packed, v_packed, first, lse ? lse->data<float>() : nullptr, options, mask, p};
+    const std::vector<QueryTileItem> items = forward_work_items(mask, p.H, p.N, p.block_q, first, first + count);
+#pragma omp parallel
+    {
+      ForwardBuffers buf(p);
+#pragma omp for schedule(dynamic, 1)
+      for (size_t n = 0; n < items.size(); ++n) forward_query_tile<T>(args, buf, items[n].b, items[n].h, items[n].qt);
+    }
+  }
+}
+
+// Work split of the backward. dk and dv are split by key tile, so each has one writer. dq of a
+// query row gets a contribution from every key tile; a separate dq pass would redo two of the five
+// block products (S and dP), 40% more work, and atomics would serialise. Instead each thread
+// accumulates dq for the head in hand in a private [rows, d] buffer:
+//  - with enough heads (B·H a multiple of the thread count, or at least 4 per thread), whole heads
+//    are handed out dynamically (robust when a thread is slowed down); dq has one writer per head.
+//    A long head is walked in chunks of query rows (backward_chunk_rows), each against every key
+//    tile, so the buffers stay within a few MiB per thread whatever N;
+//  - otherwise the work items (b, h, key tile), in order, are cut into one contiguous run per
+//    thread with equal estimated cost; a head within one run is written directly, and the few
+//    heads cut between runs (at most one per boundary) are summed from the threads' partial
+//    buffers in thread order after a barrier.
+// Either way dq is deterministic for a given thread count and costs no extra arithmetic. Memory:
+// O(threads · chunk rows · d) for whole heads, O(threads · N · d) in the split.
+template <typename Elem>
+void flash_backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
+                    const AttentionGrads& grads, const FlashConfig& config) {
+  CABM_CHECK(saved.lse.defined(), "attention_flash_backward needs the forward's log-sum-exp (saved.lse)");
+  const Problem p = make_problem(saved.q, saved.k, saved.v, options, config, true);
+  const TileMask mask(options.mask, p.B, p.H, p.N, p.M);
+  const BackwardArgs args{saved, dout, grads, options, mask, p};
+
+  const int64_t n_kt = ceil_div(p.M, p.block_k), heads = p.B * p.H;
+  const int64_t n_items = heads * n_kt;
+  // prefix[n] = estimated cost of items [0, n): query rows in range, + 1 so that empty items count.
+  std::vector<int64_t> prefix(static_cast<size_t>(n_items + 1), 0);
+  for (int64_t n = 0; n < n_items; ++n) {
+    const int64_t b = n / n_kt / p.H, kt = n % n_kt;
+    const Range rows = mask.query_range(b, {kt * p.block_k, std::min(p.M, (kt + 1) * p.block_k)});
+    prefix[n + 1] = prefix[n] + (rows.end - rows.begin) + 1;
+  }
+  std::vector<std::array<Partial, 2>> partials(static_cast<size_t>(omp_get_max_threads()));
+
+#pragma omp parallel
+  {
+    const int t = omp_get_thread_num(), T = omp_get_num_threads();
+    if (heads % T == 0 || heads >= 4 * T) {
+      // Enough heads to balance: whole heads, handed out dynamically. Each head has one owner, so
+      // dq needs no partial sums and does not depend on the thread count at all.
+      const int64_t chunk_rows = backward_chunk_rows(p, config);
+      BackwardBuffers buf(p, chunk_rows);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t hd = 0; hd < heads; ++hd) {
+        const int64_t b = hd / p.H, h = hd % p.H;
+        for (int64_t i0 = 0; i0 < p.N; i0 += chunk_rows) {
+          const Range chunk{i0, std::min(p.N, i0 + chunk_rows)};
+          backward_begin_chunk<Elem>(args, buf, b, h, chunk);
+          for (int64_t kt = 0; kt < n_kt; ++kt) backward_key_tile<Elem>(args, buf, b, h, kt);
+          write_dq_rows(buf.dq, buf.dp, head_rows(grads.dq, b, h), chunk, p.d);
+        }
+      }
+    } else {
+      backward_split_key_tiles<Elem>(args, prefix, partials, t, T);
+    }
+  }
+}
+
+}  // namespace
+
+void attention_flash_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
+                             const Tensor& out, const Tensor* lse, const FlashConfig& config) {
+  check_attention_shapes(q, k, v, out);
+  flash_forward<float>(q, k, v, options, out, lse, config);
+}
+
+void attention_flash_backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
+                              const AttentionGrads& grads, const FlashConfig& config) {
+  check_attention_backward_shapes(saved, dout, grads);
+  flash_backward<float>(saved, dout, options, grads, config);
+}
+
+namespace detail {
+
+void attention_flash_bf16_forward_simd(const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const AttentionOptions& options, const Tensor& out, const Tensor* lse,
+                                       const FlashConfig& config) {
+  flash_forward<bf16>(q, k, v, options, out, lse, config);
+}
+
+void attention_flash_bf16_backward_simd(const AttentionSaved& saved, const Tensor& dout,
+                                        const AttentionOptions& options, const AttentionGrads& grads,
+                                        const FlashConfig& config) {
+  flash_backward<bf16>(saved, dout, options, grads, config);
+}
+
+}  // namespace detail
+
+}  // namespace cabm

@@ -1,0 +1,59 @@
+// Tiled attention with O(N) memory: FlashAttention-2 (Dao 2023, "FlashAttention-2: Faster
+// Attention with Better Parallelism and Work Partitioning") on the CPU.
+//
+// Same conventions as attention_reference.h (layout, scale, masks, fully masked rows, dropout);
+// the N×M score matrix is never built. Forward: for each query tile, walk the key/value tiles with
+// an online softmax (running row maximum m and sum l; the accumulator is rescaled only when m
+// grows), divide once at the end and save lse = m + log l per row. Backward: for each key/value
+// tile, walk the query tiles and recompute P = exp(S − lse) from the saved lse.
+//
+// Masks are evaluated per tile: a tile every element of which is blocked is skipped (no work at
+// all); a tile every element of which is allowed by the structural parts (causal, sliding window,
+// key padding, block-sparse layouts) runs without any per-element mask; only boundary tiles and
+// the general parts (allow / additive tensors) pay for a per-element mask tile. Causal, window and
+// key padding bound each query tile's key range, so causal costs about half of full attention and
+// a sliding window is linear in N.
+//
+// Dropout uses the counter-based decisions of attention_dropout_keep (via DropoutMatrix), so the
+// flash and reference kernels drop exactly the same weights, in forward and backward.
+#pragma once
+
+#include "cabm/kernels/attention_reference.h"
+
+#include <cstdint>
+
+namespace cabm {
+
+// Tile sizes. 0 selects the tuned default for the head dim and direction; tests force small
+// tiles to exercise boundaries. Any positive values work (tails are handled).
+struct FlashConfig {
+  int64_t block_q = 0;  // query rows per tile
+  int64_t block_k = 0;  // keys per tile
+  // Backward: query rows a thread holds at once (rounded up to a multiple of block_q). 0 selects
+  // all rows while their buffers fit in 4 MiB per thread, fewer beyond (long sequences).
+  int64_t backward_rows = 0;
+};
+
+// Writes out [B, N, H, dv] (any strided view with unit last stride) and, if lse is non-null,
+// lse F32 [B, H, N] contiguous (natural log; −inf for fully masked rows, whose output is 0).
+// q [B, N, H, d], k [B, M, H, d], v [B, M, H, dv]: strided views.
+void attention_flash_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
+                             const Tensor& out, const Tensor* lse = nullptr, const FlashConfig& config = {});
+
+// FlashAttention-2 backward. saved.lse is required (from attention_flash_forward, or the
+// reference forward: both give the same quantity); dout [B, N, H, dv]; grads are overwritten.
+// Work is split over heads (dynamically, when there are enough) or over key tiles (each owns its
+// rows of dk, dv); dq is accumulated per thread and per head, and heads split between threads are
+// summed in thread order, see the .cpp. Deterministic for a given thread count.
+void attention_flash_backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
+                              const AttentionGrads& grads, const FlashConfig& config = {});
+
+// The tile sizes a call would use (after defaults), for tests and benchmarks.
+// d: head dim; n: query rows N.
+FlashConfig flash_resolved_config(const FlashConfig& config, const AttentionOptions& options, int64_t d, int64_t n,
+                                  bool backward);
+
+// The SIMD flavour compiled in: "avx512", "avx2" or "portable".
+const char* flash_isa();
+
+}  // namespace cabm

@@ -1,0 +1,203 @@
+// SIMD vectors for the attention kernels: one small value type `Vec` of kWidth floats and the
+// handful of operations the tiled attention needs, implemented three times and chosen at compile
+// time:
+//   __AVX512F__          16 lanes, zmm intrinsics
+//   __AVX2__ && __FMA__   8 lanes, ymm intrinsics (what -march=native gives on Zen 2/3)
+//   otherwise             8 lanes as a plain float array; loops the compiler may auto-vectorise
+// Internal to kernels/: included by attention_flash.cpp and its tests, nowhere else.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+#endif
+
+namespace cabm::simd {
+
+// exp2(x) = 2^n · 2^f with n = round(x), f = x − n ∈ [−½, ½]; 2^f by the degree-6 polynomial of
+// Cephes' exp2f (relative error < 2e-7 on [−½, ½]). For x <= 0, the only arguments the kernels need
+// (scores minus their running maximum); small positive x still work (up to 127), and callers that
+// cannot rule out larger ones clamp first (simd::min(x, 0)). Everything below 2^−126 (−inf
+// included) gives exactly 0, so masked scores contribute nothing.
+inline constexpr float kExp2Poly[6] = {1.535336188319500e-4f, 1.339887440266574e-3f, 9.618437357674640e-3f,
+                                       5.550332471162809e-2f, 2.402264791363012e-1f, 6.931472028550421e-1f};
+inline constexpr float kExp2Min = -126.0f;
+
+// round_to_bf16(x): x rounded to the nearest bf16 value, ties to even, kept in fp32 (the low 16
+// bits cleared): bit for bit bf16_to_float(float_to_bf16(x)) of cabm/core/dtype.h, NaN included (a quiet
+// NaN with the upper payload). Integer form: (u + 0x7fff + lsb) & 0xffff0000, lsb = bit 16 of u.
+
+#if defined(__AVX512F__)
+
+inline constexpr int kWidth = 16;
+inline constexpr const char* kIsa = "avx512";
+struct Vec {
+  __m512 v;
+};
+inline Vec load(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline void store(float* p, Vec a) { _mm512_storeu_ps(p, a.v); }
+inline Vec broadcast(const float* p) { return {_mm512_set1_ps(*p)}; }
+inline Vec set1(float x) { return {_mm512_set1_ps(x)}; }
+inline Vec zero() { return {_mm512_setzero_ps()}; }
+inline Vec fma(Vec a, Vec b, Vec c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline Vec add(Vec a, Vec b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline Vec sub(Vec a, Vec b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline Vec mul(Vec a, Vec b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline Vec max(Vec a, Vec b) { return {_mm512_max_ps(a.v, b.v)}; }
+inline Vec min(Vec a, Vec b) { return {_mm512_min_ps(a.v, b.v)}; }
+inline bool any_greater(Vec a, Vec b) { return _mm512_cmp_ps_mask(a.v, b.v, _CMP_GT_OQ) != 0; }
+inline bool all_equal(Vec a, Vec b) { return _mm512_cmp_ps_mask(a.v, b.v, _CMP_EQ_OQ) == 0xFFFF; }
+
+inline Vec exp2_nonpositive(Vec x) {
+  const __m512 xc = _mm512_max_ps(x.v, _mm512_set1_ps(-127.0f));
+  const __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(xc, n);
+  __m512 p = _mm512_set1_ps(kExp2Poly[0]);
+  for (int c = 1; c < 6; ++c) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2Poly[c]));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  const __mmask16 live = _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(kExp2Min), _CMP_GE_OQ);
+  return {_mm512_maskz_scalef_ps(live, p, n)};
+}
+
+inline Vec round_to_bf16(Vec x) {
+  const __m512i u = _mm512_castps_si512(x.v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  const __m512i rounded = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), high);
+  const __m512i quiet = _mm512_and_si512(_mm512_or_si512(u, _mm512_set1_epi32(0x00400000)), high);
+  const __mmask16 nan = _mm512_cmp_ps_mask(x.v, x.v, _CMP_UNORD_Q);
+  return {_mm512_castsi512_ps(_mm512_mask_blend_epi32(nan, rounded, quiet))};
+}
+
+#elif defined(__AVX2__) && defined(__FMA__)
+
+inline constexpr int kWidth = 8;
+inline constexpr const char* kIsa = "avx2";
+struct Vec {
+  __m256 v;
+};
+inline Vec load(const float* p) { return {_mm256_loadu_ps(p)}; }
+inline void store(float* p, Vec a) { _mm256_storeu_ps(p, a.v); }
+inline Vec broadcast(const float* p) { return {_mm256_broadcast_ss(p)}; }
+inline Vec set1(float x) { return {_mm256_set1_ps(x)}; }
+inline Vec zero() { return {_mm256_setzero_ps()}; }
+inline Vec fma(Vec a, Vec b, Vec c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
+inline Vec add(Vec a, Vec b) { return {_mm256_add_ps(a.v, b.v)}; }
+inline Vec sub(Vec a, Vec b) { return {_mm256_sub_ps(a.v, b.v)}; }
+inline Vec mul(Vec a, Vec b) { return {_mm256_mul_ps(a.v, b.v)}; }
+inline Vec max(Vec a, Vec b) { return {_mm256_max_ps(a.v, b.v)}; }
+inline Vec min(Vec a, Vec b) { return {_mm256_min_ps(a.v, b.v)}; }
+inline bool any_greater(Vec a, Vec b) { return _mm256_movemask_ps(_mm256_cmp_ps(a.v, b.v, _CMP_GT_OQ)) != 0; }
+inline bool all_equal(Vec a, Vec b) { return _mm256_movemask_ps(_mm256_cmp_ps(a.v, b.v, _CMP_EQ_OQ)) == 0xFF; }
+
+inline Vec exp2_nonpositive(Vec x) {
+  const __m256 xc = _mm256_max_ps(x.v, _mm256_set1_ps(-127.0f));
+  const __m256 n = _mm256_round_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(xc, n);
+  __m256 p = _mm256_set1_ps(kExp2Poly[0]);
+  for (int c = 1; c < 6; ++c) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Poly[c]));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  // p · 2^n by adding n to the exponent field; valid for n >= −126, the rest is masked to 0.
+  const __m256i bits = _mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23));
+  const __m256 live = _mm256_cmp_ps(x.v, _mm256_set1_ps(kExp2Min), _CMP_GE_OQ);
+  return {_mm256_and_ps(_mm256_castsi256_ps(bits), live)};
+}
+
+inline Vec round_to_bf16(Vec x) {
+  const __m256i u = _mm256_castps_si256(x.v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  const __m256i rounded = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), high);
+  const __m256i quiet = _mm256_and_si256(_mm256_or_si256(u, _mm256_set1_epi32(0x00400000)), high);
+  const __m256 nan = _mm256_cmp_ps(x.v, x.v, _CMP_UNORD_Q);
+  return {_mm256_blendv_ps(_mm256_castsi256_ps(rounded), _mm256_castsi256_ps(quiet), nan)};
+}
+
+#else
+
+inline constexpr int kWidth = 8;
+inline constexpr const char* kIsa = "portable";
+struct Vec {
+  float v[kWidth];
+};
+inline Vec load(const float* p) {
+  Vec r;
+  for (int l = 0; l < kWidth; ++l) r.v[l] = p[l];
+  return r;
+}
+inline void store(float* p, Vec a) {
+  for (int l = 0; l < kWidth; ++l) p[l] = a.v[l];
+}
+inline Vec set1(float x) {
+  Vec r;
+  for (int l = 0; l < kWidth; ++l) r.v[l] = x;
+  return r;
+}
+inline Vec broadcast(const float* p) { return set1(*p); }
+inline Vec zero() { return set1(0.0f); }
+#define CABM_SIMD_LANEWISE(name, expr)   \
+  inline Vec name(Vec a, Vec b) {        \
+    Vec r;                               \
+    for (int l = 0; l < kWidth; ++l) {   \
+      const float x = a.v[l], y = b.v[l]; \
+      r.v[l] = (expr);                   \
+    }                                    \
+    return r;                            \
+  }
+CABM_SIMD_LANEWISE(add, x + y)
+CABM_SIMD_LANEWISE(sub, x - y)
+CABM_SIMD_LANEWISE(mul, x * y)
+CABM_SIMD_LANEWISE(max, x > y ? x : y)
+CABM_SIMD_LANEWISE(min, x < y ? x : y)
+#undef CABM_SIMD_LANEWISE
+inline Vec fma(Vec a, Vec b, Vec c) {
+  Vec r;
+  for (int l = 0; l < kWidth; ++l) r.v[l] = a.v[l] * b.v[l] + c.v[l];
+  return r;
+}
+inline bool any_greater(Vec a, Vec b) {
+  bool any = false;
+  for (int l = 0; l < kWidth; ++l) any |= a.v[l] > b.v[l];
+  return any;
+}
+inline bool all_equal(Vec a, Vec b) {
+  bool all = true;
+  for (int l = 0; l < kWidth; ++l) all &= a.v[l] == b.v[l];
+  return all;
+}
+inline Vec exp2_nonpositive(Vec x) {
+  Vec r;
+  for (int l = 0; l < kWidth; ++l) {
+    const float xc = x.v[l] < -127.0f ? -127.0f : x.v[l];
+    // Round to nearest by the 1.5·2^23 trick (exact for |x| < 2^22), which vectorises without SSE4.1.
+    const float n = (xc + 12582912.0f) - 12582912.0f;
+    const float f = xc - n;
+    float p = kExp2Poly[0];
+    for (int c = 1; c < 6; ++c) p = p * f + kExp2Poly[c];
+    p = p * f + 1.0f;
+    int32_t bits;
+    std::memcpy(&bits, &p, sizeof bits);
+    bits += static_cast<int32_t>(n) * (1 << 23);
+    float y;
+    std::memcpy(&y, &bits, sizeof y);
+    r.v[l] = x.v[l] >= kExp2Min ? y : 0.0f;
+  }
+  return r;
+}
+
+inline Vec round_to_bf16(Vec x) {
+  Vec r;
+  for (int l = 0; l < kWidth; ++l) {
+    uint32_t u;
+    std::memcpy(&u, &x.v[l], sizeof u);
+    u = x.v[l] != x.v[l] ? (u | 0x00400000u) & 0xffff0000u : (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    std::memcpy(&r.v[l], &u, sizeof u);
+  }
+  return r;
+}
+
+#endif
+
+}  // namespace cabm::simd

@@ -1,0 +1,59 @@
+// bfloat16 buffers: conversion to and from fp32, and the run-time choice of the instruction set
+// the bf16 kernels (conversion, gemm_bf16, attention_flash_bf16) use.
+//
+// Two paths, bit-for-bit identical for conversions:
+//   avx512_bf16  AVX-512 F/BW/VL + BF16 (vcvtne2ps2bf16, vdpbf16ps); compiled with function-level
+//                target attributes, so the library builds for any x86-64 (CABM_NATIVE=OFF too),
+//                and chosen only when CPUID (and the OS's saved vector state) says it runs.
+//   portable     plain C++ on the scalar rules of cabm/core/dtype.h (the compiler may vectorise it).
+// The choice is made once from CPUID; CABM_FORCE_PORTABLE=1 in the environment (read at first
+// use) or set_bf16_isa_override() forces the portable path, so tests can compare both.
+#pragma once
+
+#include "cabm/core/dtype.h"
+
+#include <cstdint>
+
+namespace cabm {
+
+enum class Bf16Isa { kAuto, kPortable, kAvx512Bf16 };
+
+// Whether this CPU (and OS) can run AVX-512 F/BW/VL/BF16 code: CPUID leaf 7 subleaf 0 EBX bits
+// 16/30/31, subleaf 1 EAX bit 5, and XCR0 enabling the opmask and zmm state.
+bool cpu_has_avx512_bf16();
+
+// kAuto (the default) selects avx512_bf16 where cpu_has_avx512_bf16() and CABM_FORCE_PORTABLE is
+// not set; kPortable forces the portable path; kAvx512Bf16 requests the fast path (a CABM_CHECK
+// fails if the CPU lacks it). Not meant to be changed while kernels run on other threads.
+void set_bf16_isa_override(Bf16Isa isa);
+
+// The path the bf16 kernels take now (after the override and the environment).
+Bf16Isa bf16_active_isa();
+// "avx512_bf16" or "portable": for `cabm bench` and benchmark labels.
+const char* bf16_path_name();
+// Whether the portable path is forced: set_bf16_isa_override(kPortable), or CABM_FORCE_PORTABLE=1
+// under kAuto. Kernels with a fast path for CPUs without avx512_bf16 (attention_flash_bf16's fp32
+// SIMD path) take it only when this is false, so that forced portable always means portable.
+bool bf16_portable_forced();
+
+// dst[i] = float_to_bf16(src[i]) bit for bit: round to nearest even, NaN stays NaN (quiet, sign
+// and upper payload kept), ±inf stays ±inf, overflow rounds to inf, fp32 subnormals round like
+// any other value (the hardware instruction flushes them; the fast path fixes those lanes up).
+void float_to_bf16(const float* src, bf16* dst, int64_t n);
+// dst[i] = bf16_to_float(src[i]): exact.
+void bf16_to_float(const bf16* src, float* dst, int64_t n);
+
+// Strided 2-d forms (rows × cols, unit column stride, row strides in elements), for tensor views.
+void float_to_bf16_2d(const float* src, int64_t src_ld, bf16* dst, int64_t dst_ld, int64_t rows, int64_t cols);
+void bf16_to_float_2d(const bf16* src, int64_t src_ld, float* dst, int64_t dst_ld, int64_t rows, int64_t cols);
+
+namespace detail {
+// The paths themselves, for tests: each works on any n. The avx512 ones may only be called when
+// cpu_has_avx512_bf16().
+void float_to_bf16_portable(const float* src, bf16* dst, int64_t n);
+void bf16_to_float_portable(const bf16* src, float* dst, int64_t n);
+void float_to_bf16_avx512(const float* src, bf16* dst, int64_t n);
+void bf16_to_float_avx512(const bf16* src, float* dst, int64_t n);
+}  // namespace detail
+
+}  // namespace cabm

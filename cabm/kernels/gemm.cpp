@@ -1,0 +1,242 @@
+#include "cabm/kernels/gemm.h"
+
+#include "cabm/core/error.h"
+#include "cabm/kernels/bf16.h"
+
+#include <cblas.h>
+#include <dnnl.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <dnnl.hpp>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace cabm {
+
+namespace {
+template <typename Ref>
+void check_operands(const Ref& a, const Ref& b, int64_t ldc) {
+  CABM_CHECK(a.cols == b.rows, "gemm inner dimensions differ: [{}, {}] x [{}, {}]", a.rows, a.cols, b.rows, b.cols);
+  CABM_CHECK(a.ld >= (a.transposed ? a.rows : a.cols) || a.rows == 0 || a.cols == 0, "gemm lda {} too small", a.ld);
+  CABM_CHECK(b.ld >= (b.transposed ? b.rows : b.cols) || b.rows == 0 || b.cols == 0, "gemm ldb {} too small", b.ld);
+  CABM_CHECK(ldc >= b.cols || a.rows == 0, "gemm ldc {} too small for {} columns", ldc, b.cols);
+}
+// C = Aᵀ·B with at least this many elements goes to OpenBLAS, the rest to oneDNN. Aᵀ·B are the
+// weight gradients dYᵀ·X (K = tokens). Measured here (Zen 3, 2 threads, bench_gemm_libraries,
+// GFLOP/s, oneDNN → OpenBLAS; repeated runs): the big preset's (K 4096) QKV 90–122 → 114–144,
+// out_proj 91–123 → 106–138, and the two products with a 1024-wide operand 63–88 → 119–157
+// (oneDNN 2.6 reads an operand of this form in place, and rows 4 KiB apart fall into the same few
+// L1 sets). The default preset's (K 1024) are a tie within the noise but for linear2's 87–91 →
+// 102–130. Below 2^15 outputs (the langid model's 64 × 64 to 256 × 64) oneDNN is as fast or
+// faster, and on the other forms it is as fast or faster at every size measured.
+constexpr int64_t kOpenBlasMinOutput = 1 << 15;
+
+// Leading dimensions as oneDNN gets them: at least 1 even for degenerate operands.
+int64_t effective_lda(const MatrixRef& a) { return std::max<int64_t>(a.ld, a.transposed ? a.rows : a.cols); }
+int64_t effective_ldb(const MatrixRef& b) { return std::max<int64_t>(b.ld, b.transposed ? b.rows : b.cols); }
+
+}  // namespace
+
+void gemm(const MatrixRef& a, const MatrixRef& b, float* c, int64_t ldc, float alpha, float beta) {
+  check_operands(a, b, ldc);
+  const int64_t M = a.rows, N = b.cols, K = a.cols;
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // oneDNN rejects K = 0; the product is empty.
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    return;
+  }
+  // oneDNN needs ld >= 1 even for degenerate single-row/column operands.
+  const int64_t lda = effective_lda(a), ldb = effective_ldb(b);
+  if (a.transposed && !b.transposed && M * N >= kOpenBlasMinOutput) {
+    // OpenBLAS's OpenMP build: the same thread pool (and thread count) as oneDNN and our kernels.
+    // OpenBLAS documents (Makefile.rule, NUM_PARALLEL) that calls into this build from several
+    // threads at once may wait for each other or corrupt each other's work buffers; we have not
+    // seen it (test_gemm's ConcurrentCallsFromThreads), but a caller may use gemm() from several
+    // threads, so the calls are serialised here: one lock per product of milliseconds.
+    static std::mutex openblas_mutex;
+    const std::lock_guard<std::mutex> lock(openblas_mutex);
+    CABM_CHECK(std::max({M, N, K, lda, ldb, ldc}) <= std::numeric_limits<blasint>::max(),
+               "gemm: sizes beyond OpenBLAS's {}-bit integers", 8 * sizeof(blasint));
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<blasint>(M), static_cast<blasint>(N),
+                static_cast<blasint>(K), alpha, a.data, static_cast<blasint>(lda), b.data, static_cast<blasint>(ldb),
+                beta, c, static_cast<blasint>(ldc));
+    return;
+  }
+  const dnnl_status_t status = dnnl_sgemm(a.transposed ? 'T' : 'N', b.transposed ? 'T' : 'N', M, N, K, alpha, a.data,
+                                          lda, b.data, ldb, beta, c, ldc);
+  CABM_CHECK(status == dnnl_success, "oneDNN sgemm failed with status {}", static_cast<int>(status));
+}
+
+void gemm_reference(const MatrixRef& a, const MatrixRef& b, float* c, int64_t ldc, float alpha, float beta) {
+  check_operands(a, b, ldc);
+  auto at = [](const MatrixRef& x, int64_t r, int64_t col) {
+    return static_cast<double>(x.transposed ? x.data[col * x.ld + r] : x.data[r * x.ld + col]);
+  };
+  for (int64_t i = 0; i < a.rows; ++i) {
+    for (int64_t j = 0; j < b.cols; ++j) {
+      double sum = 0;
+      for (int64_t k = 0; k < a.cols; ++k) sum += at(a, i, k) * at(b, k, j);
+      const double prev = beta == 0.0f ? 0.0 : static_cast<double>(beta) * c[i * ldc + j];
+      c[i * ldc + j] = static_cast<float>(alpha * sum + prev);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// bf16 GEMM.
+
+namespace {
+
+// One oneDNN matmul per distinct call signature. alpha and beta are part of the key because
+// they are baked into the primitive's attributes (output scale, sum post-op); in cabm they take
+// a handful of values (1, 0), so the cache stays small.
+struct Bf16Key {
+  int64_t M, N, K, lda, ldb, ldc;
+  bool ta, tb;
+  float alpha, beta;
+  bool operator==(const Bf16Key& o) const {
+    return M == o.M && N == o.N && K == o.K && lda == o.lda && ldb == o.ldb && ldc == o.ldc && ta == o.ta &&
+           tb == o.tb && std::memcmp(&alpha, &o.alpha, 4) == 0 && std::memcmp(&beta, &o.beta, 4) == 0;
+  }
+};
+
+constexpr const char* kFallbackName = "fp32 sgemm (converted)";
+
+struct Bf16Plan {
+  Bf16Key key;
+  dnnl::matmul::primitive_desc pd;
+  dnnl::matmul primitive;
+  bool reference;  // oneDNN offers only its reference implementation: use the fp32 fallback
+  std::string impl;
+};
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+// A small most-recently-used list: lookups are a linear scan of at most kCapacity keys, negligible
+// next to a matmul, and the plans are shared_ptrs so a plan evicted while another thread runs it
+// stays alive.
+class Bf16PlanCache {
+ public:
+  static constexpr size_t kCapacity = 64;
+  std::shared_ptr<const Bf16Plan> get(const Bf16Key& key) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (size_t n = 0; n < plans_.size(); ++n) {
+        if (plans_[n]->key == key) {
+          std::rotate(plans_.begin(), plans_.begin() + static_cast<std::ptrdiff_t>(n),
+                      plans_.begin() + static_cast<std::ptrdiff_t>(n) + 1);
+          return plans_.front();
+        }
+      }
+    }
+    // Created outside the lock (primitive creation can take milliseconds); two threads racing on a
+    // new key both create one, and the second insert is dropped.
+    auto plan = std::make_shared<const Bf16Plan>(create(key));
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& p : plans_)
+      if (p->key == key) return p;
+    plans_.insert(plans_.begin(), plan);
+    if (plans_.size() > kCapacity) plans_.pop_back();
+    return plan;
+  }
+
+ private:
+  static Bf16Plan create(const Bf16Key& k) {
+    using dt = dnnl::memory::data_type;
+    using dims = dnnl::memory::dims;
+    const dnnl::memory::desc a_md(dims{k.M, k.K}, dt::bf16, k.ta ? dims{1, k.lda} : dims{k.lda, 1});
+    const dnnl::memory::desc b_md(dims{k.K, k.N}, dt::bf16, k.tb ? dims{1, k.ldb} : dims{k.ldb, 1});
+    const dnnl::memory::desc c_md(dims{k.M, k.N}, dt::f32, dims{k.ldc, 1});
+    dnnl::primitive_attr attr;
+    if (k.alpha != 1.0f) attr.set_output_scales(0, {k.alpha});
+    if (k.beta != 0.0f) {
+      dnnl::post_ops ops;
+      ops.append_sum(k.beta);
+      attr.set_post_ops(ops);
+    }
+    dnnl::matmul::primitive_desc pd;
+    try {
+      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, cpu_engine());
+    } catch (const dnnl::error&) {  // no bf16 matmul at all for this CPU (e.g. AVX2 only)
+      return {k, {}, {}, true, kFallbackName};
+    }
+    std::string impl = pd.impl_info_str();
+    if (impl.rfind("ref", 0) == 0) return {k, {}, {}, true, kFallbackName};
+    return {k, pd, dnnl::matmul(pd), false, impl};
+  }
+
+  std::mutex mutex_;
+  std::vector<std::shared_ptr<const Bf16Plan>> plans_;
+};
+
+Bf16PlanCache& plan_cache() {
+  static Bf16PlanCache cache;
+  return cache;
+}
+
+Bf16Key make_key(const MatrixRefBf16& a, const MatrixRefBf16& b, int64_t ldc, float alpha, float beta) {
+  const int64_t M = a.rows, N = b.cols, K = a.cols;
+  return {M, N, K, std::max<int64_t>(a.ld, a.transposed ? M : K), std::max<int64_t>(b.ld, b.transposed ? K : N),
+          ldc, a.transposed, b.transposed, alpha, beta};
+}
+
+// The stored matrix of an operand (cols × rows when transposed) converted to contiguous fp32.
+MatrixRef to_f32(const MatrixRefBf16& x, std::vector<float>& buffer) {
+  const int64_t stored_rows = x.transposed ? x.cols : x.rows, stored_cols = x.transposed ? x.rows : x.cols;
+  buffer.resize(static_cast<size_t>(stored_rows * stored_cols));
+  bf16_to_float_2d(x.data, x.ld, buffer.data(), stored_cols, stored_rows, stored_cols);
+  return {buffer.data(), x.rows, x.cols, std::max<int64_t>(stored_cols, 1), x.transposed};
+}
+
+void gemm_bf16_via_f32(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha,
+                       float beta) {
+  std::vector<float> abuf, bbuf;
+  gemm(to_f32(a, abuf), to_f32(b, bbuf), c, ldc, alpha, beta);
+}
+
+}  // namespace
+
+void gemm_bf16(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha, float beta) {
+  check_operands(a, b, ldc);
+  const int64_t M = a.rows, N = b.cols, K = a.cols;
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    return;
+  }
+  if (bf16_active_isa() == Bf16Isa::kPortable && cpu_has_avx512_bf16())
+    return gemm_bf16_via_f32(a, b, c, ldc, alpha, beta);  // forced portable (tests, comparisons)
+  const auto plan = plan_cache().get(make_key(a, b, ldc, alpha, beta));
+  if (plan->reference) return gemm_bf16_via_f32(a, b, c, ldc, alpha, beta);
+  const dnnl::engine& engine = cpu_engine();
+  thread_local dnnl::stream stream(engine);
+  dnnl::memory am(plan->pd.src_desc(), engine, const_cast<bf16*>(a.data));
+  dnnl::memory bm(plan->pd.weights_desc(), engine, const_cast<bf16*>(b.data));
+  dnnl::memory cm(plan->pd.dst_desc(), engine, c);
+  plan->primitive.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  stream.wait();
+}
+
+std::string gemm_bf16_implementation(const MatrixRefBf16& a, const MatrixRefBf16& b, int64_t ldc) {
+  check_operands(a, b, ldc);
+  if (a.rows == 0 || b.cols == 0 || a.cols == 0) return "none (empty)";
+  if (bf16_active_isa() == Bf16Isa::kPortable && cpu_has_avx512_bf16()) return kFallbackName;
+  return plan_cache().get(make_key(a, b, ldc, 1.0f, 0.0f))->impl;
+}
+
+void gemm_bf16_reference(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha,
+                         float beta) {
+  check_operands(a, b, ldc);
+  std::vector<float> abuf, bbuf;
+  gemm_reference(to_f32(a, abuf), to_f32(b, bbuf), c, ldc, alpha, beta);
+}
+
+}  // namespace cabm

@@ -1,0 +1,61 @@
+// Matrix multiplication, row-major, through one narrow interface backed by oneDNN (and, for the
+// Aᵀ·B products, OpenBLAS: chosen by measurement, see gemm.cpp). Everything in cabm that
+// multiplies matrices calls this, so the backing library can be changed (or a packed-weight path
+// added) in one place.
+#pragma once
+
+#include "cabm/core/dtype.h"
+
+#include <cstdint>
+#include <string>
+
+namespace cabm {
+
+// A row-major matrix operand: element (r, c) of op(X) is data[r * ld + c], or
+// data[c * ld + r] when `transposed` (then the stored matrix is cols × rows).
+struct MatrixRef {
+  const float* data;
+  int64_t rows;  // rows of op(X)
+  int64_t cols;  // cols of op(X)
+  int64_t ld;
+  bool transposed = false;
+};
+
+// c[M, N] (row-major, leading dimension ldc) = alpha · op(a)[M, K] · op(b)[K, N] + beta · c.
+// beta = 0 ignores c's previous contents (NaN included).
+void gemm(const MatrixRef& a, const MatrixRef& b, float* c, int64_t ldc, float alpha = 1.0f,
+          float beta = 0.0f);
+
+// Plain triple loop in double precision accumulation: the oracle the tests compare to.
+void gemm_reference(const MatrixRef& a, const MatrixRef& b, float* c, int64_t ldc, float alpha = 1.0f,
+                    float beta = 0.0f);
+
+// ---------------------------------------------------------------------------------------------
+// bf16 × bf16 → fp32 (mixed precision): the operands are bf16, every product and sum is fp32, C is
+// fp32. The same operand convention as MatrixRef, with a bf16 pointer.
+struct MatrixRefBf16 {
+  const bf16* data;
+  int64_t rows;  // rows of op(X)
+  int64_t cols;  // cols of op(X)
+  int64_t ld;
+  bool transposed = false;
+};
+
+// c[M, N] = alpha · op(a)[M, K] · op(b)[K, N] + beta · c, fp32 accumulation; beta = 0 ignores c.
+// Runs oneDNN's matmul primitive (bf16 inputs, f32 output; alpha as its output scale, beta as a
+// sum post-op), one primitive per (shape, strides, transposes, alpha, beta), created on first use
+// and cached (thread-safe). Where oneDNN has only its reference implementation for bf16 (CPUs
+// without AVX-512: oneDNN's bf16 kernels need avx512_core at least), the operands are converted to
+// fp32 (exactly) and multiplied by gemm(): the same math, a different summation order.
+void gemm_bf16(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha = 1.0f,
+               float beta = 0.0f);
+
+// What gemm_bf16 runs for these operands: oneDNN's implementation name ("brg:avx512_core_bf16",
+// ...), or "fp32 sgemm (converted)" for the fallback. For benchmarks and logs.
+std::string gemm_bf16_implementation(const MatrixRefBf16& a, const MatrixRefBf16& b, int64_t ldc);
+
+// The oracle: gemm_reference on the operands converted to fp32 (exact), double accumulation.
+void gemm_bf16_reference(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha = 1.0f,
+                         float beta = 0.0f);
+
+}  // namespace cabm

@@ -1,0 +1,63 @@
+#include "cabm/nn/bf16_util.h"
+
+#include "cabm/kernels/bf16.h"
+
+#include <algorithm>
+
+namespace cabm {
+
+namespace {
+
+void check_pair(const Tensor& src, const Tensor& dst, DType from, DType to) {
+  CABM_CHECK(src.dim() == 2 && dst.dim() == 2 && src.shape() == dst.shape() && src.stride(1) == 1 &&
+                 dst.stride(1) == 1 && src.dtype() == from && dst.dtype() == to,
+             "bf16 conversion: {} {} → {} {} must be [rows, cols] views with unit column stride",
+             dtype_name(src.dtype()), shape_str(src.shape()), dtype_name(dst.dtype()), shape_str(dst.shape()));
+}
+
+// Rows per parallel task: about 16k elements, so small tensors stay on one thread.
+int64_t rows_per_task(int64_t cols) {
+  return std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(cols, 1));
+}
+
+}  // namespace
+
+void round_to_bf16(const Tensor& src, const Tensor& dst) {
+  check_pair(src, dst, DType::F32, DType::BF16);
+  const int64_t rows = src.size(0), cols = src.size(1), ls = src.stride(0), ld = dst.stride(0);
+  const float* s = src.data<float>();
+  bf16* d = dst.data<bf16>();
+  if (ls == cols && ld == cols) {  // one contiguous run: split it evenly
+    const int64_t n = rows * cols, chunk = int64_t{1} << 14, tasks = (n + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static) if (tasks > 1)
+    for (int64_t t = 0; t < tasks; ++t) float_to_bf16(s + t * chunk, d + t * chunk, std::min(chunk, n - t * chunk));
+    return;
+  }
+  const int64_t step = rows_per_task(cols), tasks = (rows + step - 1) / step;
+#pragma omp parallel for schedule(static) if (tasks > 1)
+  for (int64_t t = 0; t < tasks; ++t)
+    for (int64_t r = t * step; r < std::min(rows, (t + 1) * step); ++r) float_to_bf16(s + r * ls, d + r * ld, cols);
+}
+
+void widen_from_bf16(const Tensor& src, const Tensor& dst) {
+  check_pair(src, dst, DType::BF16, DType::F32);
+  const int64_t rows = src.size(0), cols = src.size(1), ls = src.stride(0), ld = dst.stride(0);
+  const bf16* s = src.data<bf16>();
+  float* d = dst.data<float>();
+  const int64_t step = rows_per_task(cols), tasks = (rows + step - 1) / step;
+#pragma omp parallel for schedule(static) if (tasks > 1)
+  for (int64_t t = 0; t < tasks; ++t)
+    for (int64_t r = t * step; r < std::min(rows, (t + 1) * step); ++r) bf16_to_float(s + r * ls, d + r * ld, cols);
+}
+
+Tensor bf16_scratch(int slot, int64_t rows, int64_t cols) {
+  CABM_CHECK(slot >= 0 && slot < kBf16ScratchSlots && rows >= 0 && cols >= 0, "bf16_scratch({}, {}, {})", slot, rows,
+             cols);
+  thread_local Tensor buffers[kBf16ScratchSlots];
+  Tensor& buffer = buffers[slot];
+  const int64_t n = std::max<int64_t>(rows * cols, 1);
+  if (!buffer.defined() || buffer.numel() < n) buffer = Tensor::empty({n}, DType::BF16);
+  return buffer.narrow(0, 0, rows * cols).view({rows, cols});
+}
+
+}  // namespace cabm

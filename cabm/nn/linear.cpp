@@ -1,0 +1,137 @@
+#include "cabm/nn/linear.h"
+
+#include "cabm/kernels/gemm.h"
+#include "cabm/nn/bf16_util.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace cabm {
+
+Linear make_linear(int64_t in_features, int64_t out_features, bool bias) {
+  CABM_CHECK(in_features > 0 && out_features > 0, "Linear sizes must be positive, got in={} out={}", in_features,
+             out_features);
+  Linear layer;
+  layer.weight = Tensor::zeros({out_features, in_features});
+  if (bias) layer.bias = Tensor::zeros({out_features});
+  return layer;
+}
+
+Tensor as_rows(const Tensor& t) {
+  CABM_CHECK(t.dim() >= 1, "as_rows of a scalar");
+  if (t.dim() == 2) return t;
+  return t.view({-1, t.size(-1)});  // checks contiguity: a copy would lose writes
+}
+
+namespace {
+
+void check_bf16_copy(const Linear& layer) {
+  CABM_CHECK(layer.weight_bf16.dtype() == DType::BF16 && layer.weight_bf16.shape() == layer.weight.shape() &&
+                 layer.weight_bf16.stride(1) == 1,
+             "Linear: weight_bf16 {} must be a BF16 copy of the weight {}", shape_str(layer.weight_bf16.shape()),
+             shape_str(layer.weight.shape()));
+}
+
+// x rounded to bf16 in scratch slot `slot`: [rows, cols] contiguous.
+Tensor rounded(const Tensor& x, int slot) {
+  Tensor out = bf16_scratch(slot, x.size(0), x.size(1));
+  round_to_bf16(x, out);
+  return out;
+}
+
+MatrixRefBf16 bf16_ref(const Tensor& t, bool transposed = false) {
+  // t: BF16 [rows, cols] (unit column stride); the operand is t or tᵀ.
+  return transposed ? MatrixRefBf16{t.data<bf16>(), t.size(1), t.size(0), t.stride(0), true}
+                    : MatrixRefBf16{t.data<bf16>(), t.size(0), t.size(1), t.stride(0), false};
+}
+
+}  // namespace
+
+void linear_forward(const Linear& layer, const Tensor& x, const Tensor& y) {
+  const int64_t rows = x.size(0), in = layer.in_features(), out = layer.out_features();
+  CABM_CHECK(x.dim() == 2 && x.size(1) == in && x.stride(1) == 1, "Linear input {} must be [rows, {}]",
+             shape_str(x.shape()), in);
+  CABM_CHECK(y.dim() == 2 && y.size(0) == rows && y.size(1) == out && y.stride(1) == 1,
+             "Linear output {} must be [{}, {}]", shape_str(y.shape()), rows, out);
+  CABM_CHECK(layer.weight.stride(1) == 1, "Linear weight must have unit column stride");
+  float* yp = y.data<float>();
+  float beta = 0.0f;
+  if (layer.bias.defined()) {
+    const float* b = layer.bias.data<float>();
+    for (int64_t r = 0; r < rows; ++r) std::copy(b, b + out, yp + r * y.stride(0));
+    beta = 1.0f;
+  }
+  if (layer.weight_bf16.defined()) {
+    check_bf16_copy(layer);
+    gemm_bf16(bf16_ref(rounded(x, 0)), bf16_ref(layer.weight_bf16, /*transposed=*/true), yp, y.stride(0), 1.0f, beta);
+    return;
+  }
+  const MatrixRef a{x.data<float>(), rows, in, x.stride(0)};
+  const MatrixRef w_t{layer.weight.data<float>(), in, out, layer.weight.stride(0), /*transposed=*/true};
+  gemm(a, w_t, yp, y.stride(0), 1.0f, beta);
+}
+
+void add_column_sums(const Tensor& x, float* out) {
+  CABM_CHECK(x.dim() == 2 && x.stride(1) == 1, "add_column_sums needs a [rows, cols] view, got {}",
+             shape_str(x.shape()));
+  const int64_t rows = x.size(0), cols = x.size(1), ld = x.stride(0);
+  const float* p = x.data<float>();
+  constexpr int64_t kChunks = 32;  // fixed: the sum order does not depend on the thread count
+  const int64_t chunks = std::clamp<int64_t>(rows, 1, kChunks);
+  std::vector<float> partial(static_cast<size_t>(chunks * cols), 0.0f);
+#pragma omp parallel for schedule(static)
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    float* acc = partial.data() + chunk * cols;
+    for (int64_t r = rows * chunk / chunks; r < rows * (chunk + 1) / chunks; ++r)
+      for (int64_t c = 0; c < cols; ++c) acc[c] += p[r * ld + c];
+  }
+  for (int64_t chunk = 0; chunk < chunks; ++chunk)
+    for (int64_t c = 0; c < cols; ++c) out[c] += partial[chunk * cols + c];
+}
+
+void linear_backward(const Linear& layer, const Tensor& x, const Tensor& dy, const Tensor& dx, Linear& grad,
+                     bool accumulate_dx) {
+  const int64_t rows = x.size(0), in = layer.in_features(), out = layer.out_features();
+  CABM_CHECK(x.dim() == 2 && x.size(1) == in && x.stride(1) == 1, "Linear input {} must be [rows, {}]",
+             shape_str(x.shape()), in);
+  CABM_CHECK(dy.dim() == 2 && dy.size(0) == rows && dy.size(1) == out && dy.stride(1) == 1,
+             "Linear output gradient {} must be [{}, {}]", shape_str(dy.shape()), rows, out);
+  CABM_CHECK(grad.weight.shape() == layer.weight.shape() && grad.weight.stride(1) == 1,
+             "Linear weight gradient {} must be {}", shape_str(grad.weight.shape()), shape_str(layer.weight.shape()));
+  CABM_CHECK(grad.bias.defined() == layer.bias.defined(), "Linear bias gradient must match the layer's bias");
+  if (dx.defined())
+    CABM_CHECK(dx.dim() == 2 && dx.size(0) == rows && dx.size(1) == in && dx.stride(1) == 1,
+               "Linear input gradient {} must be [{}, {}]", shape_str(dx.shape()), rows, in);
+  if (layer.weight_bf16.defined()) {
+    check_bf16_copy(layer);
+    // The same three products on bf16 operands: dy and x rounded once each, fp32 accumulation.
+    const Tensor dy_b = rounded(dy, 0), x_b = rounded(x, 1);
+    gemm_bf16(bf16_ref(dy_b, /*transposed=*/true), bf16_ref(x_b), grad.weight.data<float>(), grad.weight.stride(0),
+              1.0f, 1.0f);
+    if (grad.bias.defined()) {
+      CABM_CHECK(grad.bias.is_contiguous(), "Linear bias gradient must be contiguous");
+      add_column_sums(dy, grad.bias.data<float>());  // fp32 dy: a reduction, not a product
+    }
+    if (dx.defined())
+      gemm_bf16(bf16_ref(dy_b), bf16_ref(layer.weight_bf16), dx.data<float>(), dx.stride(0), 1.0f,
+                accumulate_dx ? 1.0f : 0.0f);
+    return;
+  }
+  // dW[out, in] += dy[rows, out]ᵀ · x[rows, in]
+  const MatrixRef dy_t{dy.data<float>(), out, rows, dy.stride(0), /*transposed=*/true};
+  const MatrixRef xm{x.data<float>(), rows, in, x.stride(0)};
+  gemm(dy_t, xm, grad.weight.data<float>(), grad.weight.stride(0), 1.0f, 1.0f);
+  // db += Σ_rows dy
+  if (grad.bias.defined()) {
+    CABM_CHECK(grad.bias.is_contiguous(), "Linear bias gradient must be contiguous");
+    add_column_sums(dy, grad.bias.data<float>());
+  }
+  // dx[rows, in] = dy[rows, out] · W[out, in]
+  if (dx.defined()) {
+    const MatrixRef dym{dy.data<float>(), rows, out, dy.stride(0)};
+    const MatrixRef w{layer.weight.data<float>(), out, in, layer.weight.stride(0)};
+    gemm(dym, w, dx.data<float>(), dx.stride(0), 1.0f, accumulate_dx ? 1.0f : 0.0f);
+  }
+}
+
+}  // namespace cabm

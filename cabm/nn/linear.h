@@ -1,0 +1,51 @@
+// Linear map y = x Wᵀ + b, PyTorch's nn.Linear (weight [out, in]).
+//
+// Gradients ACCUMULATE: every *_backward in nn/ adds into the parameter gradients of `grads`
+// (a module of the same configuration; see cabm/nn/parameters.h), so micro-batches accumulate by
+// calling backward repeatedly; zero the gradients (zero_parameters) once per optimiser step.
+// Input gradients (dx) are OVERWRITTEN unless a function says otherwise.
+//
+// Mixed precision (cabm/nn/mixed_precision.h): when `weight_bf16` is defined, the three products run
+// on bf16 operands with fp32 accumulation (gemm_bf16): x and dy are rounded to bf16
+// (float_to_bf16) as inputs of the products, the bf16 copy stands in for W, and y, dx, dW and db
+// stay fp32 (dW accumulates in fp32). Rounding x, W and dy each costs at most one unit roundoff
+// u = 2^-8 per operand, so |y_bf16 − y_fp32| <= (2u + u²)·(|x||W|ᵀ) + the fp32 summation terms.
+#pragma once
+
+#include "cabm/core/tensor.h"
+
+namespace cabm {
+
+struct Linear {
+  Tensor weight;  // [out, in], unit column stride (may be a row slice of a packed weight)
+  Tensor bias;    // [out]; undefined when the layer has no bias
+  // BF16 [out, in] copy of `weight` (mixed precision), or undefined (fp32 products). Whoever
+  // changes `weight` refreshes it (refresh_bf16_weights in cabm/nn/mixed_precision.h).
+  Tensor weight_bf16;
+
+  int64_t in_features() const { return weight.size(1); }
+  int64_t out_features() const { return weight.size(0); }
+};
+
+Linear make_linear(int64_t in_features, int64_t out_features, bool bias);  // zero parameters
+
+// x: [rows, in], y: [rows, out] — 2-d views with unit column stride (row strides free).
+void linear_forward(const Linear& layer, const Tensor& x, const Tensor& y);
+
+// With y = x Wᵀ + b (y_rc = Σ_k x_rk W_ck + b_c):
+//   dx  = dy W          [rows, in]   (written, or added when accumulate_dx)
+//   dW += dyᵀ x         [out, in]
+//   db += Σ_rows dy     [out]
+// x: [rows, in] the forward input; dy: [rows, out]; dx: [rows, in] or undefined (skipped).
+// grad: same shapes as layer (its weight may be a strided view, e.g. of a packed gradient).
+void linear_backward(const Linear& layer, const Tensor& x, const Tensor& dy, const Tensor& dx, Linear& grad,
+                     bool accumulate_dx = false);
+
+// A contiguous [.., E] tensor seen as [rows, E] (a view; 2-d tensors pass through).
+Tensor as_rows(const Tensor& t);
+
+// out[c] += Σ_r x[r, c] over a [rows, cols] view (unit column stride). Summed in a fixed
+// number of row chunks, so the result is bitwise the same for every thread count.
+void add_column_sums(const Tensor& x, float* out);
+
+}  // namespace cabm

@@ -1,0 +1,233 @@
+#include "cabm/train/checkpoint.h"
+
+#include "cabm/core/error.h"
+#include "cabm/interop/state_dict.h"
+#include "cabm/io/text_data.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+namespace cabm {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string errno_str() {
+  return std::strerror(errno);
+}
+
+void fsync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) throw Error(fmt::format("{}: cannot open to flush: {}", path, errno_str()));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) throw Error(fmt::format("{}: cannot flush to disk: {}", path, errno_str()));
+}
+
+std::string step_name(int64_t step) {
+  return fmt::format("step-{:08d}", step);
+}
+
+bool is_step_name(const std::string& name) {
+  if (name.size() != 13 || name.compare(0, 5, "step-") != 0) return false;
+  return std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+std::string trim(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+void write_file_atomic(const std::string& path, const std::string& text) {
+  const std::string temp = fmt::format("{}.tmp.{}", path, ::getpid());
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (fd < 0) throw Error(fmt::format("{}: cannot create: {}", temp, errno_str()));
+  const char* p = text.data();
+  size_t left = text.size();
+  while (left > 0) {
+    const ssize_t put = ::write(fd, p, left);
+    if (put < 0 && errno == EINTR) continue;
+    if (put < 0) {
+      ::close(fd);
+      ::unlink(temp.c_str());
+      throw Error(fmt::format("{}: write error: {}", temp, errno_str()));
+    }
+    p += put;
+    left -= static_cast<size_t>(put);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    ::unlink(temp.c_str());
+    throw Error(fmt::format("{}: cannot flush to disk: {}", temp, errno_str()));
+  }
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    ::unlink(temp.c_str());
+    throw Error(fmt::format("{}: cannot rename {} to it: {}", path, temp, errno_str()));
+  }
+}
+
+std::map<std::string, Tensor> adamw_state_tensors(const AdamW& opt) {
+  std::map<std::string, Tensor> out;
+  for (size_t i = 0; i < opt.names.size(); ++i) {
+    out.emplace("exp_avg." + opt.names[i], opt.exp_avg[i]);
+    out.emplace("exp_avg_sq." + opt.names[i], opt.exp_avg_sq[i]);
+  }
+  return out;
+}
+
+std::map<std::string, std::string> adamw_state_metadata(const AdamW& opt) {
+  const auto num = [](double v) { return fmt::format("{}", v); };  // shortest round-trip form
+  return {{"optimizer", "AdamW"},           {"step", std::to_string(opt.step)},
+          {"beta1", num(opt.config.beta1)}, {"beta2", num(opt.config.beta2)},
+          {"eps", num(opt.config.eps)},     {"weight_decay", num(opt.config.weight_decay)}};
+}
+
+void load_adamw_state(const SafetensorsFile& file, AdamW& opt) {
+  const std::string* kind = file.find_metadata("optimizer");
+  if (kind == nullptr || *kind != "AdamW")
+    throw Error(fmt::format("{}: not an AdamW state (metadata 'optimizer')", file.path));
+  const std::string& step_text = file.get_metadata("step");
+  char* end = nullptr;
+  const long long step = std::strtoll(step_text.c_str(), &end, 10);
+  if (end == step_text.c_str() || *end != '\0' || step < 0)
+    throw Error(fmt::format("{}: metadata 'step' is not a step count: '{}'", file.path, step_text));
+  for (size_t i = 0; i < opt.names.size(); ++i) {
+    const Shape& shape = opt.exp_avg[i].shape();
+    opt.exp_avg[i].copy_from(file.get("exp_avg." + opt.names[i], DType::F32, shape));
+    opt.exp_avg_sq[i].copy_from(file.get("exp_avg_sq." + opt.names[i], DType::F32, shape));
+  }
+  if (file.tensors.size() != 2 * opt.names.size())
+    throw Error(fmt::format("{}: holds {} tensors, expected {} (the model's parameters differ)", file.path,
+                            file.tensors.size(), 2 * opt.names.size()));
+  opt.step = step;
+}
+
+std::string save_checkpoint(const std::string& run_dir, const CheckpointWrite& checkpoint, int64_t keep) {
+  CABM_CHECK(checkpoint.params != nullptr, "save_checkpoint needs the parameters");
+  CABM_CHECK(keep >= 1, "keep at least one checkpoint");
+  std::error_code ec;
+  fs::create_directories(run_dir, ec);
+  if (ec) throw Error(fmt::format("{}: cannot create the run directory: {}", run_dir, ec.message()));
+  if (!fs::is_directory(run_dir)) throw Error(fmt::format("{}: not a directory", run_dir));
+
+  const std::string name = step_name(checkpoint.step);
+  std::string temp = (fs::path(run_dir) / fmt::format(".tmp-{}-XXXXXX", name)).string();
+  if (::mkdtemp(temp.data()) == nullptr)
+    throw Error(fmt::format("{}: cannot create a temporary checkpoint directory: {}", run_dir, errno_str()));
+  try {
+    // write_safetensors itself writes a temporary file, flushes and renames.
+    write_safetensors((fs::path(temp) / kModelFile).string(), to_tensor_map(*checkpoint.params),
+                      checkpoint.model_metadata);
+    if (checkpoint.optimizer != nullptr)
+      write_safetensors((fs::path(temp) / kOptimizerFile).string(), adamw_state_tensors(*checkpoint.optimizer),
+                        adamw_state_metadata(*checkpoint.optimizer));
+    write_file_atomic((fs::path(temp) / kStateFile).string(), checkpoint.state.dump(2) + "\n");
+    fsync_path(temp, true);
+
+    const std::string final_dir = (fs::path(run_dir) / name).string();
+    if (fs::exists(final_dir)) {
+      // Re-saving a step (a resumed run passing the same step again). If `latest` names it, it
+      // must not disappear before the replacement is in place: move it aside first.
+      const std::string old = (fs::path(run_dir) / fmt::format(".old-{}-{}", name, ::getpid())).string();
+      fs::remove_all(old, ec);
+      fs::rename(final_dir, old);
+      fs::rename(temp, final_dir);
+      fs::remove_all(old, ec);
+    } else {
+      fs::rename(temp, final_dir);
+    }
+    fsync_path(run_dir, true);
+    write_file_atomic((fs::path(run_dir) / kLatestFile).string(), name + "\n");
+    fsync_path(run_dir, true);
+  } catch (const fs::filesystem_error& e) {
+    fs::remove_all(temp, ec);
+    throw Error(fmt::format("{}: cannot save checkpoint: {}", run_dir, e.what()));
+  } catch (...) {
+    fs::remove_all(temp, ec);
+    throw;
+  }
+
+  // Housekeeping: stale temporary directories and checkpoints beyond `keep`.
+  std::vector<std::string> steps;
+  for (const auto& entry : fs::directory_iterator(run_dir, ec)) {
+    const std::string n = entry.path().filename().string();
+    if (n.rfind(".tmp-step-", 0) == 0 || n.rfind(".old-step-", 0) == 0) {
+      fs::remove_all(entry.path(), ec);
+    } else if (entry.is_directory() && is_step_name(n)) {
+      steps.push_back(n);
+    }
+  }
+  std::sort(steps.begin(), steps.end());
+  // Keep the newest `keep` by step number, and always the one just written.
+  int64_t kept = 0;
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    if (*it == name || kept < keep - 1) {
+      if (*it != name) ++kept;
+      continue;
+    }
+    fs::remove_all(fs::path(run_dir) / *it, ec);
+  }
+  return (fs::path(run_dir) / name).string();
+}
+
+bool has_checkpoint(const std::string& run_dir) {
+  std::error_code ec;
+  return fs::is_regular_file(fs::path(run_dir) / kLatestFile, ec);
+}
+
+std::string resolve_checkpoint(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw Error(fmt::format("{}: no such checkpoint directory", path));
+  if (!fs::is_directory(path, ec)) throw Error(fmt::format("{}: not a checkpoint directory", path));
+  if (fs::exists(fs::path(path) / kModelFile, ec)) return path;
+  const fs::path latest = fs::path(path) / kLatestFile;
+  if (fs::exists(latest, ec)) {
+    const std::string name = trim(read_file_bytes(latest.string()));
+    if (!is_step_name(name)) throw Error(fmt::format("{}: malformed (expected step-NNNNNNNN)", latest.string()));
+    const fs::path dir = fs::path(path) / name;
+    if (!fs::exists(dir / kModelFile, ec))
+      throw Error(fmt::format("{}: names {}, which has no {}", latest.string(), name, kModelFile));
+    return dir.string();
+  }
+  throw Error(fmt::format("{}: not a checkpoint (no {} or {} inside)", path, kModelFile, kLatestFile));
+}
+
+LoadedCheckpoint load_checkpoint(const std::string& path, bool for_resume) {
+  LoadedCheckpoint out;
+  out.dir = resolve_checkpoint(path);
+  const fs::path dir(out.dir);
+  out.model = read_safetensors((dir / kModelFile).string());
+  std::error_code ec;
+  const fs::path optimizer = dir / kOptimizerFile;
+  if (fs::exists(optimizer, ec)) {
+    if (for_resume) out.optimizer = read_safetensors(optimizer.string());
+  } else if (for_resume) {
+    throw Error(fmt::format("{}: missing {} (needed to resume)", out.dir, kOptimizerFile));
+  }
+  const fs::path state = dir / kStateFile;
+  if (fs::exists(state, ec)) {
+    const std::string text = read_file_bytes(state.string());
+    try {
+      out.state = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(fmt::format("{}: malformed JSON: {}", state.string(), e.what()));
+    }
+    if (!out.state.is_object()) throw Error(fmt::format("{}: expected a JSON object", state.string()));
+  } else if (for_resume) {
+    throw Error(fmt::format("{}: missing {} (needed to resume)", out.dir, kStateFile));
+  } else {
+    out.state = nlohmann::json::object();
+  }
+  return out;
+}
+
+}  // namespace cabm

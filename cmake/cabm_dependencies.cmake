@@ -1,0 +1,34 @@
+# cabm's library dependencies, all from Debian packages (scripts/setup.sh installs them). Used
+# by the build and, installed beside cabmConfig.cmake, by every project that finds cabm, so
+# that both resolve them alike. Each find names its package when it fails.
+include(CMakeFindDependencyMacro)
+
+# Inside find_package(cabm) a missing dependency makes cabm not found (find_dependency); in
+# cabm's own build it is an error.
+macro(cabm_find_dependency name)
+  if(CMAKE_FIND_PACKAGE_NAME STREQUAL "cabm")
+    find_dependency(${name})
+  else()
+    find_package(${name} REQUIRED)
+  endif()
+endmacro()
+
+cabm_find_dependency(OpenMP)          # g++ (libgomp)
+cabm_find_dependency(fmt)             # libfmt-dev
+cabm_find_dependency(nlohmann_json)   # nlohmann-json3-dev
+cabm_find_dependency(dnnl)            # libdnnl-dev (its package file needs ocl-icd-opencl-dev)
+
+# OpenBLAS, the build that runs on OpenMP (libopenblas-openmp-dev): the same thread pool as
+# oneDNN and cabm's kernels. gemm() takes it for the weight-gradient products
+# (cabm/kernels/gemm.cpp). Debian ships no CMake package for it: an imported target here.
+if(NOT TARGET cabm::openblas)
+  find_path(CABM_OPENBLAS_INCLUDE cblas.h PATHS /usr/include/x86_64-linux-gnu/openblas-openmp NO_DEFAULT_PATH)
+  find_library(CABM_OPENBLAS_LIB openblas PATHS /usr/lib/x86_64-linux-gnu/openblas-openmp NO_DEFAULT_PATH)
+  if(NOT CABM_OPENBLAS_INCLUDE OR NOT CABM_OPENBLAS_LIB)
+    message(FATAL_ERROR "OpenBLAS's OpenMP build not found: apt-get install libopenblas-openmp-dev "
+                        "(cabm's scripts/setup.sh installs every dependency)")
+  endif()
+  add_library(cabm::openblas UNKNOWN IMPORTED)
+  set_target_properties(cabm::openblas PROPERTIES IMPORTED_LOCATION ${CABM_OPENBLAS_LIB}
+                                                  INTERFACE_INCLUDE_DIRECTORIES ${CABM_OPENBLAS_INCLUDE})
+endif()
