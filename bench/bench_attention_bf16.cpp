@@ -27,7 +27,7 @@
 #include <vector>
 
 #if defined(__x86_64__)
-#include <immintrin.h>
+#include "cabm/kernels/x86_intrinsics.h"
 #endif
 
 namespace {

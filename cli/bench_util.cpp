@@ -5,7 +5,7 @@
 #include <omp.h>
 
 #if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
+#include "cabm/kernels/x86_intrinsics.h"
 #endif
 
 #include <algorithm>

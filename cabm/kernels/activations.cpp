@@ -8,7 +8,7 @@
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
+#include "cabm/kernels/x86_intrinsics.h"
 #define CABM_GELU_AVX2 1
 #endif
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #if defined(__x86_64__)
-#include <immintrin.h>
+#include "cabm/kernels/x86_intrinsics.h"
 #define CABM_HAVE_AVX512_BF16_CODE 1
 #endif
 

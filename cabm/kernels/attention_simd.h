@@ -11,7 +11,7 @@
 #include <cstring>
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#include <immintrin.h>
+#include "cabm/kernels/x86_intrinsics.h"
 #endif
 
 namespace cabm::simd {

@@ -8,7 +8,7 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
-#include <immintrin.h>
+#include "cabm/kernels/x86_intrinsics.h"
 #define CABM_X86 1
 #endif
 
