@@ -5,20 +5,15 @@
 #include "cli/progress.h"
 #include "cabm/core/error.h"
 #include "cabm/core/threads.h"
-#include "cabm/io/text_data.h"
 #include "cabm/io/tokenizer.h"
-#include "cabm/io/word_lists.h"
-#include "cabm/train/checkpoint.h"
 #include "cabm/train/generate.h"
-#include "cabm/train/langid_trainer.h"
-#include "cabm/train/lm_trainer.h"
-#include "cabm/train/model_config.h"
+#include "cabm/train/train_run.h"
 
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
-#include <tuple>
+#include <cmath>
 
 namespace cabm::cli {
 
@@ -29,12 +24,6 @@ namespace fs = std::filesystem;
 volatile std::sig_atomic_t g_interrupted = 0;
 extern "C" void on_interrupt(int) {
   g_interrupted = 1;
-}
-
-// Flags whose value may differ from the checkpoint's when resuming.
-bool changeable_on_resume(const std::string& key) {
-  return key == "steps" || key == "eval_interval" || key == "checkpoint_interval" || key == "log_interval" ||
-         key == "keep_checkpoints" || key == "sample_tokens" || key == "out";
 }
 
 struct Flags {
@@ -89,84 +78,40 @@ TrainConfig apply_flags(const Flags& f, TrainConfig c) {
   return c;
 }
 
-// The flags that were given, as the keys of to_json(TrainConfig).
-void check_resume_flags(const TrainConfig& saved, const TrainConfig& requested) {
-  const nlohmann::json a = to_json(saved), b = to_json(requested);
-  for (const auto& [key, value] : b.items()) {
-    if (changeable_on_resume(key) || a.value(key, nlohmann::json()) == value) continue;
-    throw Error(
-        fmt::format("--resume continues the saved run, whose {} is {}; it cannot become {} (drop that flag "
-                    "or start a new run with another --out)",
-                    key, a.value(key, nlohmann::json()).dump(), value.dump()));
-  }
-}
-
-// Removes the checkpoints of an earlier run in `dir` (a fresh run replaces them).
-void clear_previous_run(const std::string& dir) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return;
-  bool removed = false;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name == kLatestFile || (entry.is_directory() && name.rfind("step-", 0) == 0) ||
-        name.rfind(".tmp-step-", 0) == 0) {
-      fs::remove_all(entry.path(), ec);
-      removed = true;
-    }
-  }
-  if (removed)
-    std::printf("note: %s held an earlier run; its checkpoints are replaced (use --resume to continue one)\n",
-                dir.c_str());
-}
-
-void adopt_init_architecture(const std::string& path, TrainTask task, TrainConfig& c) {
-  const SafetensorsFile file = read_safetensors(path);
-  const std::string kind = model_kind(file);
-  if (kind.empty()) return;  // a plain state_dict: the flags say what it is
-  // The flags a model file fixes (the shape that byte_model_config, cabm/train/train_config.h, maps
-  // the other way), from either model config.
-  const auto adopt = [&c](const auto& m) {
-    std::tie(c.layers, c.heads, c.d_model, c.d_ff, c.seq_len, c.norm_first) =
-        std::tuple(m.num_layers, m.nhead, m.d_model, m.dim_feedforward, m.max_seq_len, m.norm_first);
-  };
-  std::vector<std::string> labels;
-  if (task == TrainTask::kLanguageModel && kind == "CausalLM") {
-    adopt(causal_lm_config_from(file));
-  } else if (task == TrainTask::kLanguageId && kind == "Classifier") {
-    adopt(classifier_config_from(file, labels));
-  } else {
-    throw Error(fmt::format("{}: holds a {} model, which --task {} cannot start from", path, kind, task_name(task)));
-  }
-}
-
-TextSplit load_lm_data(const TrainConfig& c) {
-  return c.data.empty() ? load_fortunes() : load_text_file(c.data);
-}
-
 std::string lm_default_prompt(const TrainConfig& c) {
   return c.data.empty() ? "%\n" : "\n";
 }
 
-bool should_eval(const TrainConfig& c, int64_t step) {
-  return step == c.steps || (c.eval_interval > 0 && step % c.eval_interval == 0);
-}
-bool should_save(const TrainConfig& c, int64_t step) {
-  const int64_t every = c.checkpoint_interval > 0 ? c.checkpoint_interval : c.eval_interval;
-  return step == c.steps || (every > 0 && step % every == 0);
+std::string data_line(const TrainConfig& c, const TrainStart& start) {
+  if (start.text) {
+    const TextSplit& data = *start.text;
+    return fmt::format("data: {}: {} {} ({} bytes) for training, {} held out ({} bytes)", data.source,
+                       format_count(static_cast<double>(data.train_documents)), c.data.empty() ? "fortunes" : "file",
+                       format_count(static_cast<double>(data.train.size())),
+                       format_count(static_cast<double>(data.validation_documents)),
+                       format_count(static_cast<double>(data.validation.size())));
+  }
+  const WordDataset& data = *start.words;
+  std::string line = "data: word lists:";
+  for (size_t i = 0; i < data.languages.size(); ++i)
+    line += fmt::format(" {} {}/{}", data.languages[i], format_count(static_cast<double>(data.train[i].size())),
+                        data.validation[i].size());
+  line += fmt::format(" (train/held out; dropped {} shared, {} with apostrophes, {} longer than {} bytes)",
+                      format_count(static_cast<double>(data.dropped_shared)),
+                      format_count(static_cast<double>(data.dropped_apostrophe)),
+                      format_count(static_cast<double>(data.dropped_long)), c.seq_len);
+  return line;
 }
 
-int64_t count_parameters(const NamedTensors& params) {
-  int64_t n = 0;
-  for (const auto& p : params) n += p.tensor.numel();
-  return n;
-}
-
-void print_header(const TrainConfig& c, int64_t params, const std::string& data_line) {
+void print_header(const TrainConfig& c, const TrainStart& start) {
+  if (start.replaced_earlier_run)
+    std::printf("note: %s held an earlier run; its checkpoints are replaced (use --resume to continue one)\n",
+                c.out_dir.c_str());
   std::printf("cabm train --task %s: %lld layers, d_model %lld, %lld heads, d_ff %lld: %s parameters\n",
               task_name(c.task).c_str(), static_cast<long long>(c.layers), static_cast<long long>(c.d_model),
               static_cast<long long>(c.heads), static_cast<long long>(c.d_ff),
-              format_count(static_cast<double>(params)).c_str());
-  std::printf("%s\n", data_line.c_str());
+              format_count(static_cast<double>(start.parameters)).c_str());
+  std::printf("%s\n", data_line(c, start).c_str());
   std::printf(
       "steps %lld, batch %lld x %lld%s, lr %g (%s, warmup %lld), clip %g, weight decay %g, dropout %g, "
       "seed %llu, %s, %d threads -> %s\n",
@@ -176,104 +121,62 @@ void print_header(const TrainConfig& c, int64_t params, const std::string& data_
       c.adamw.weight_decay, static_cast<double>(c.dropout), static_cast<unsigned long long>(c.seed),
       c.precision == Precision::kBf16 ? "bf16 mixed precision (fp32 master weights)" : "fp32", num_threads(),
       c.out_dir.c_str());
+  if (!start.resumed_from.empty())
+    std::printf("resuming from %s at step %lld\n", start.resumed_from.c_str(), static_cast<long long>(start.step));
   std::fflush(stdout);
 }
 
-// The common loop: step, report, evaluate, checkpoint, stop on --stop-at or Ctrl-C.
-template <typename Trainer, typename EvalFn>
-bool run_loop(Trainer& trainer, const TrainConfig& c, EvalFn&& eval_and_report) {
-  Progress progress(c.steps, trainer.step(), Progress::stderr_is_terminal(), c.log_interval);
-  nlohmann::json metrics = nlohmann::json::object();
-  while (trainer.step() < c.steps) {
-    const StepStats s = trainer.train_step();
-    progress.update({s.step, s.loss, s.lr, s.grad_norm, s.tokens, s.seconds});
-    metrics["train_loss"] = s.loss;
-    if (should_eval(c, s.step)) metrics.update(eval_and_report(progress, s.step));
-    const bool stop = g_interrupted != 0 || (c.stop_at > 0 && s.step >= c.stop_at);
-    if (should_save(c, s.step) || stop) {
-      const std::string dir = trainer.save(metrics);
-      progress.line(fmt::format("step {}: checkpoint {}", s.step, dir));
-    }
-    if (stop) {
-      progress.finish();
-      if (g_interrupted)
-        throw Error(
-            fmt::format("interrupted at step {} of {}; checkpoint saved, continue with: cabm train --resume "
-                        "--out {}",
-                        s.step, c.steps, c.out_dir));
+std::string eval_line(const EvalReport& r) {
+  if (r.accuracy)
+    return fmt::format("step {}: validation loss {:.4f}, accuracy {:.2f}%", r.step, r.loss, 100.0 * *r.accuracy);
+  return fmt::format("step {}: validation loss {:.4f} ({:.3f} bits/byte)", r.step, r.loss, r.loss / std::log(2.0));
+}
+
+// The library's training run (cabm/train/train_run.h) with a progress bar, Ctrl-C and, at the
+// end, the LM's sample or the classifier's confusion matrix.
+void run_training(const TrainConfig& c, bool resume) {
+  std::unique_ptr<Progress> progress;
+  TrainCallbacks cb;
+  cb.on_start = [&](const TrainStart& start) {
+    print_header(c, start);
+    progress = std::make_unique<Progress>(c.steps, start.step, Progress::stderr_is_terminal(), c.log_interval);
+  };
+  cb.on_step = [&](const StepStats& s) { progress->update({s.step, s.loss, s.lr, s.grad_norm, s.tokens, s.seconds}); };
+  cb.on_eval = [&](const EvalReport& r) { progress->line(eval_line(r)); };
+  cb.on_checkpoint = [&](int64_t step, const std::string& dir) {
+    progress->line(fmt::format("step {}: checkpoint {}", step, dir));
+  };
+  cb.stop_requested = [] { return g_interrupted != 0; };
+  cb.on_end = [&](const TrainResult& result, const TrainedModel& model) {
+    progress->finish();
+    if (result.stop == TrainStop::kStopRequested)
+      throw Error(fmt::format("interrupted at step {} of {}; checkpoint saved, continue with: cabm train --resume "
+                              "--out {}",
+                              result.step, c.steps, c.out_dir));
+    if (result.stop == TrainStop::kStopAt) {
       std::printf("stopped at step %lld of %lld (--stop-at); continue with: cabm train --resume --out %s\n",
-                  static_cast<long long>(s.step), static_cast<long long>(c.steps), c.out_dir.c_str());
-      return false;
+                  static_cast<long long>(result.step), static_cast<long long>(c.steps), c.out_dir.c_str());
+      return;
     }
-  }
-  progress.finish();
-  std::printf("trained %lld steps in %s (%s tokens/s in training steps)\n", static_cast<long long>(c.steps),
-              format_duration(progress.elapsed_seconds()).c_str(), format_count(progress.tokens_per_second()).c_str());
-  return true;
-}
-
-void train_lm(const TrainConfig& c, const LoadedCheckpoint* resume_from) {
-  TextSplit data = load_lm_data(c);
-  const std::string data_line =
-      fmt::format("data: {}: {} {} ({} bytes) for training, {} held out ({} bytes)", data.source,
-                  format_count(static_cast<double>(data.train_documents)), c.data.empty() ? "fortunes" : "file",
-                  format_count(static_cast<double>(data.train.size())),
-                  format_count(static_cast<double>(data.validation_documents)),
-                  format_count(static_cast<double>(data.validation.size())));
-  LmTrainer trainer(c, std::move(data));
-  if (resume_from) trainer.restore(*resume_from);
-  print_header(c, count_parameters(trainer.parameters()), data_line);
-  if (resume_from)
-    std::printf("resuming from %s at step %lld\n", resume_from->dir.c_str(), static_cast<long long>(trainer.step()));
-
-  const bool finished = run_loop(trainer, c, [&](Progress& progress, int64_t step) {
-    const double val = trainer.evaluate();
-    progress.line(fmt::format("step {}: validation loss {:.4f} ({:.3f} bits/byte)", step, val, val / std::log(2.0)));
-    return nlohmann::json{{"val_loss", val}, {"val_bits_per_byte", val / std::log(2.0)}};
-  });
-  if (!finished) return;
-  if (c.sample_tokens > 0) {
-    std::printf("--- sample (%lld bytes, temperature 0.8, seed %llu) ---\n", static_cast<long long>(c.sample_tokens),
-                static_cast<unsigned long long>(c.seed));
-    std::fflush(stdout);
-    Rng rng(c.seed);
-    SamplingOptions options;
-    stream_generate(trainer.model(), encode_bytes(lm_default_prompt(c)), c.sample_tokens, options, rng);
-    std::printf("\n---\n");
-    std::printf("generate more with: cabm generate --checkpoint %s\n", c.out_dir.c_str());
-  }
-}
-
-void train_langid(const TrainConfig& c, const LoadedCheckpoint* resume_from) {
-  WordListOptions options;
-  options.max_bytes = c.seq_len;
-  options.validation_per_language = c.eval_windows;
-  WordDataset data = load_word_lists(default_word_lists(), options);
-  std::string data_line = "data: word lists:";
-  for (size_t i = 0; i < data.languages.size(); ++i)
-    data_line += fmt::format(" {} {}/{}", data.languages[i], format_count(static_cast<double>(data.train[i].size())),
-                             data.validation[i].size());
-  data_line += fmt::format(" (train/held out; dropped {} shared, {} with apostrophes, {} longer than {} bytes)",
-                           format_count(static_cast<double>(data.dropped_shared)),
-                           format_count(static_cast<double>(data.dropped_apostrophe)),
-                           format_count(static_cast<double>(data.dropped_long)), c.seq_len);
-  LangIdTrainer trainer(c, std::move(data));
-  if (resume_from) trainer.restore(*resume_from);
-  int64_t params = 0;
-  for (const auto& p : named_parameters(trainer.model())) params += p.tensor.numel();
-  print_header(c, params, data_line);
-  if (resume_from)
-    std::printf("resuming from %s at step %lld\n", resume_from->dir.c_str(), static_cast<long long>(trainer.step()));
-
-  ClassifierEval last;
-  const bool finished = run_loop(trainer, c, [&](Progress& progress, int64_t step) {
-    last = trainer.evaluate();
-    progress.line(
-        fmt::format("step {}: validation loss {:.4f}, accuracy {:.2f}%", step, last.loss, 100.0 * last.accuracy));
-    return nlohmann::json{{"val_loss", last.loss}, {"val_accuracy", last.accuracy}};
-  });
-  if (!finished) return;
-  std::printf("%s", format_confusion(trainer.data().languages, last.confusion).c_str());
+    std::printf("trained %lld steps in %s (%s tokens/s in training steps)\n", static_cast<long long>(c.steps),
+                format_duration(progress->elapsed_seconds()).c_str(),
+                format_count(progress->tokens_per_second()).c_str());
+    if (model.classifier) {
+      if (result.last_eval) std::printf("%s", format_confusion(model.words->languages, result.last_eval->confusion).c_str());
+      return;
+    }
+    if (c.sample_tokens > 0) {
+      std::printf("--- sample (%lld bytes, temperature 0.8, seed %llu) ---\n", static_cast<long long>(c.sample_tokens),
+                  static_cast<unsigned long long>(c.seed));
+      std::fflush(stdout);
+      Rng rng(c.seed);
+      SamplingOptions options;
+      stream_generate(*model.lm, encode_bytes(lm_default_prompt(c)), c.sample_tokens, options, rng);
+      std::printf("\n---\n");
+      std::printf("generate more with: cabm generate --checkpoint %s\n", c.out_dir.c_str());
+    }
+  };
+  train(c, cb, resume);
 }
 
 }  // namespace
@@ -347,31 +250,17 @@ void register_train(CLI::App& app) {
     // --init with a cabm model file: its architecture is the default for the flags not given.
     if (!f->resume && f->options.at("--init")->count() > 0) adopt_init_architecture(f->init, task, defaults);
     TrainConfig config = apply_flags(*f, defaults);
-    std::unique_ptr<LoadedCheckpoint> checkpoint;
     if (f->resume) {
       if (!has_checkpoint(config.out_dir))
         throw Error(fmt::format("{}: no checkpoint to resume from (no '{}' file); train without --resume first",
                                 config.out_dir, kLatestFile));
-      checkpoint = std::make_unique<LoadedCheckpoint>(load_checkpoint(config.out_dir, true));
-      TrainConfig saved;
-      try {
-        saved = train_config_from_json(checkpoint->state.at("config"));
-      } catch (const nlohmann::json::exception&) {
-        throw Error(fmt::format("{}/{}: no training configuration", checkpoint->dir, kStateFile));
-      } catch (const Error& e) {
-        throw Error(fmt::format("{}/{}: {}", checkpoint->dir, kStateFile, e.what()));
-      }
+      const TrainConfig saved = saved_train_config(load_checkpoint(config.out_dir, true));
       if (saved.task != task && f->options.at("--task")->count() > 0)
         throw Error(fmt::format("--resume: the run in {} is --task {}", config.out_dir, task_name(saved.task)));
       TrainConfig resumed = apply_flags(*f, saved);
       resumed.out_dir = config.out_dir;  // where it was found, even if the directory moved
-      check_resume_flags(saved, resumed);
       config = resumed;
     }
-    validate(config);
-    if (!config.data.empty() && config.task == TrainTask::kLanguageId)
-      throw Error("--data applies to --task lm; langid uses the word lists in /usr/share/dict");
-    if (!f->resume) clear_previous_run(config.out_dir);
 
     // Ctrl-C (or SIGTERM) finishes the current step, saves a checkpoint and exits non-zero.
     g_interrupted = 0;
@@ -383,10 +272,7 @@ void register_train(CLI::App& app) {
         std::signal(SIGTERM, SIG_DFL);
       }
     } restore_signals;
-    if (config.task == TrainTask::kLanguageModel)
-      train_lm(config, checkpoint.get());
-    else
-      train_langid(config, checkpoint.get());
+    run_training(config, f->resume);
   });
 }
 

@@ -1,0 +1,205 @@
+#include "cabm/train/train_run.h"
+
+#include "cabm/core/error.h"
+#include "cabm/train/langid_trainer.h"
+#include "cabm/train/lm_trainer.h"
+#include "cabm/train/model_config.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <tuple>
+
+namespace cabm {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Removes the checkpoints of an earlier run in `dir` (a fresh run replaces them); true if any.
+bool clear_previous_run(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return false;
+  bool removed = false;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name == kLatestFile || (entry.is_directory() && name.rfind("step-", 0) == 0) ||
+        name.rfind(".tmp-step-", 0) == 0) {
+      fs::remove_all(entry.path(), ec);
+      removed = true;
+    }
+  }
+  return removed;
+}
+
+bool should_eval(const TrainConfig& c, int64_t step) {
+  return step == c.steps || (c.eval_interval > 0 && step % c.eval_interval == 0);
+}
+bool should_save(const TrainConfig& c, int64_t step) {
+  const int64_t every = c.checkpoint_interval > 0 ? c.checkpoint_interval : c.eval_interval;
+  return step == c.steps || (every > 0 && step % every == 0);
+}
+
+int64_t count_parameters(const NamedTensors& params) {
+  int64_t n = 0;
+  for (const auto& p : params) n += p.tensor.numel();
+  return n;
+}
+
+EvalReport evaluate_run(LmTrainer& trainer) {
+  EvalReport r;
+  r.loss = trainer.evaluate();
+  r.metrics = {{"val_loss", r.loss}, {"val_bits_per_byte", r.loss / std::log(2.0)}};
+  return r;
+}
+EvalReport evaluate_run(LangIdTrainer& trainer) {
+  const ClassifierEval e = trainer.evaluate();
+  EvalReport r;
+  r.loss = e.loss;
+  r.accuracy = e.accuracy;
+  r.confusion = e.confusion;
+  r.metrics = {{"val_loss", e.loss}, {"val_accuracy", e.accuracy}};
+  return r;
+}
+
+TrainedModel trained_model(const LmTrainer& trainer) {
+  return {&trainer.model(), nullptr, nullptr};
+}
+TrainedModel trained_model(const LangIdTrainer& trainer) {
+  return {nullptr, &trainer.model(), &trainer.data()};
+}
+
+// The loop shared by both tasks: step, evaluate, checkpoint, stop.
+template <typename Trainer>
+TrainResult run_loop(Trainer& trainer, const TrainConfig& c, const TrainCallbacks& cb) {
+  TrainResult result;
+  result.step = trainer.step();
+  nlohmann::json metrics = nlohmann::json::object();
+  while (trainer.step() < c.steps) {
+    const StepStats s = trainer.train_step();
+    result.step = s.step;
+    if (cb.on_step) cb.on_step(s);
+    metrics["train_loss"] = s.loss;
+    if (should_eval(c, s.step)) {
+      EvalReport report = evaluate_run(trainer);
+      report.step = s.step;
+      metrics.update(report.metrics);
+      if (cb.on_eval) cb.on_eval(report);
+      result.last_eval = std::move(report);
+    }
+    const bool requested = cb.stop_requested && cb.stop_requested();
+    const bool stop_at = c.stop_at > 0 && s.step >= c.stop_at;
+    if (should_save(c, s.step) || requested || stop_at) {
+      result.checkpoint = trainer.save(metrics);
+      if (cb.on_checkpoint) cb.on_checkpoint(s.step, result.checkpoint);
+    }
+    if (requested || stop_at) {
+      result.stop = requested ? TrainStop::kStopRequested : TrainStop::kStopAt;
+      break;
+    }
+  }
+  if (cb.on_end) cb.on_end(result, trained_model(trainer));
+  return result;
+}
+
+template <typename Trainer, typename Data>
+TrainResult run(const TrainConfig& c, Data data, const LoadedCheckpoint* resume_from, bool replaced,
+                const TrainCallbacks& cb) {
+  Trainer trainer(c, std::move(data));
+  if (resume_from) trainer.restore(*resume_from);
+  if (cb.on_start) {
+    TrainStart start;
+    start.config = &c;
+    start.parameters = count_parameters(named_parameters(trainer.model()));
+    start.step = trainer.step();
+    start.resumed_from = resume_from ? resume_from->dir : "";
+    start.replaced_earlier_run = replaced;
+    if constexpr (std::is_same_v<Data, TextSplit>)
+      start.text = &trainer.data();
+    else
+      start.words = &trainer.data();
+    cb.on_start(start);
+  }
+  return run_loop(trainer, c, cb);
+}
+
+}  // namespace
+
+bool changeable_on_resume(const std::string& key) {
+  return key == "steps" || key == "eval_interval" || key == "checkpoint_interval" || key == "log_interval" ||
+         key == "keep_checkpoints" || key == "sample_tokens" || key == "out";
+}
+
+void check_resume_config(const TrainConfig& saved, const TrainConfig& requested) {
+  const nlohmann::json a = to_json(saved), b = to_json(requested);
+  for (const auto& [key, value] : b.items()) {
+    if (changeable_on_resume(key) || a.value(key, nlohmann::json()) == value) continue;
+    throw Error(
+        fmt::format("--resume continues the saved run, whose {} is {}; it cannot become {} (drop that flag "
+                    "or start a new run with another --out)",
+                    key, a.value(key, nlohmann::json()).dump(), value.dump()));
+  }
+}
+
+TrainConfig saved_train_config(const LoadedCheckpoint& checkpoint) {
+  try {
+    return train_config_from_json(checkpoint.state.at("config"));
+  } catch (const nlohmann::json::exception&) {
+    throw Error(fmt::format("{}/{}: no training configuration", checkpoint.dir, kStateFile));
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}/{}: {}", checkpoint.dir, kStateFile, e.what()));
+  }
+}
+
+void adopt_init_architecture(const std::string& path, TrainTask task, TrainConfig& c) {
+  const SafetensorsFile file = read_safetensors(path);
+  const std::string kind = model_kind(file);
+  if (kind.empty()) return;  // a plain state_dict: the flags say what it is
+  // The flags a model file fixes (the shape that byte_model_config, cabm/train/train_config.h,
+  // maps the other way), from either model config.
+  const auto adopt = [&c](const auto& m) {
+    std::tie(c.layers, c.heads, c.d_model, c.d_ff, c.seq_len, c.norm_first) =
+        std::tuple(m.num_layers, m.nhead, m.d_model, m.dim_feedforward, m.max_seq_len, m.norm_first);
+  };
+  std::vector<std::string> labels;
+  if (task == TrainTask::kLanguageModel && kind == "CausalLM") {
+    adopt(causal_lm_config_from(file));
+  } else if (task == TrainTask::kLanguageId && kind == "Classifier") {
+    adopt(classifier_config_from(file, labels));
+  } else {
+    throw Error(fmt::format("{}: holds a {} model, which --task {} cannot start from", path, kind, task_name(task)));
+  }
+}
+
+TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks, bool resume) {
+  validate(config);
+  if (!config.data.empty() && config.task == TrainTask::kLanguageId)
+    throw Error("--data applies to --task lm; langid uses the word lists in /usr/share/dict");
+  std::unique_ptr<LoadedCheckpoint> checkpoint;
+  bool replaced = false;
+  if (resume) {
+    if (!has_checkpoint(config.out_dir))
+      throw Error(fmt::format("{}: no checkpoint to resume from (no '{}' file); train without --resume first",
+                              config.out_dir, kLatestFile));
+    checkpoint = std::make_unique<LoadedCheckpoint>(load_checkpoint(config.out_dir, true));
+    const TrainConfig saved = saved_train_config(*checkpoint);
+    if (saved.task != config.task)
+      throw Error(fmt::format("--resume: the run in {} is --task {}", config.out_dir, task_name(saved.task)));
+    check_resume_config(saved, config);
+  } else {
+    replaced = clear_previous_run(config.out_dir);
+  }
+  if (config.task == TrainTask::kLanguageModel) {
+    TextSplit data = config.data.empty() ? load_fortunes() : load_text_file(config.data);
+    return run<LmTrainer>(config, std::move(data), checkpoint.get(), replaced, callbacks);
+  }
+  WordListOptions options;
+  options.max_bytes = config.seq_len;
+  options.validation_per_language = config.eval_windows;
+  return run<LangIdTrainer>(config, load_word_lists(default_word_lists(), options), checkpoint.get(), replaced,
+                            callbacks);
+}
+
+}  // namespace cabm
