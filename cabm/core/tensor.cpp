@@ -39,7 +39,9 @@ Storage::Storage(size_t bytes) : bytes_(bytes) {
   if (bytes >= kHuge) madvise(data_, rounded, MADV_HUGEPAGE);
 }
 
-Storage::~Storage() { std::free(data_); }
+Storage::~Storage() {
+  if (owned_) std::free(data_);
+}
 
 Tensor Tensor::empty(const Shape& shape, DType dtype) {
   for (int64_t s : shape) CABM_CHECK(s >= 0, "negative size in shape {}", shape_str(shape));
@@ -68,6 +70,27 @@ Tensor Tensor::from_vector(const std::vector<float>& values, const Shape& shape)
              "{} values do not fill shape {}", values.size(), shape_str(shape));
   Tensor t = empty(shape, DType::F32);
   std::memcpy(t.raw_data(), values.data(), values.size() * sizeof(float));
+  return t;
+}
+
+Tensor Tensor::from_external(void* data, const Shape& shape, DType dtype, const Shape& strides) {
+  CABM_CHECK(data != nullptr, "from_external: null data pointer for shape {}", shape_str(shape));
+  for (int64_t s : shape) CABM_CHECK(s >= 0, "from_external: negative size in shape {}", shape_str(shape));
+  const Shape st = strides.empty() ? contiguous_strides(shape) : strides;
+  CABM_CHECK(st.size() == shape.size(), "from_external: shape {} and strides {} differ in rank", shape_str(shape),
+             shape_str(st));
+  int64_t extent = 1;  // elements from the first to one past the last addressed
+  for (size_t i = 0; i < shape.size(); ++i) {
+    CABM_CHECK(st[i] >= 0, "from_external: negative stride in {}", shape_str(st));
+    if (shape[i] == 0) extent = 0;
+  }
+  if (extent != 0)
+    for (size_t i = 0; i < shape.size(); ++i) extent += (shape[i] - 1) * st[i];
+  Tensor t;
+  t.storage_ = std::make_shared<Storage>(Storage::External{}, data, static_cast<size_t>(extent) * dtype_size(dtype));
+  t.shape_ = shape;
+  t.strides_ = st;
+  t.dtype_ = dtype;
   return t;
 }
 

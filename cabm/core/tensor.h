@@ -25,6 +25,9 @@ Shape contiguous_strides(const Shape& shape);
 class Storage {
  public:
   explicit Storage(size_t bytes);
+  // Memory the caller owns: used in place, never freed here.
+  struct External {};
+  Storage(External, void* data, size_t bytes) : data_(data), bytes_(bytes), owned_(false) {}
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -34,6 +37,7 @@ class Storage {
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
+  bool owned_ = true;
 };
 
 class Tensor {
@@ -44,6 +48,11 @@ class Tensor {
   static Tensor zeros(const Shape& shape, DType dtype = DType::F32);
   static Tensor full(const Shape& shape, float value);
   static Tensor from_vector(const std::vector<float>& values, const Shape& shape);
+  // A view of memory the caller owns (no copy): element [i0, i1, ...] is at
+  // data + Σ i_k · strides[k] elements (strides default to contiguous, row-major). The caller
+  // keeps the memory alive and unchanged in size while this tensor or any view of it exists.
+  // This is how a program hands its own buffers to the kernels (attention_forward etc.).
+  static Tensor from_external(void* data, const Shape& shape, DType dtype = DType::F32, const Shape& strides = {});
 
   bool defined() const { return storage_ != nullptr; }
   DType dtype() const { return dtype_; }

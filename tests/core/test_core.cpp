@@ -56,6 +56,32 @@ TEST(Tensor, ZeroSizedShapes) {
   EXPECT_THROW(Tensor::empty({-1, 2}), Error);
 }
 
+TEST(Tensor, FromExternalUsesCallerMemoryInPlace) {
+  std::vector<float> buffer(2 * 3 * 4);
+  for (size_t i = 0; i < buffer.size(); ++i) buffer[i] = static_cast<float>(i);
+  const Tensor t = Tensor::from_external(buffer.data(), {2, 3, 4});
+  EXPECT_EQ(t.data<float>(), buffer.data());
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_EQ(t.at({1, 2, 3}), 23.0f);
+  t.select(0, 1).fill(-1.0f);  // writes land in the caller's buffer
+  EXPECT_EQ(buffer[12], -1.0f);
+  EXPECT_EQ(buffer[11], 11.0f);
+  // Strided: every other column of a [3, 8] row-major matrix.
+  std::vector<float> wide(3 * 8);
+  for (size_t i = 0; i < wide.size(); ++i) wide[i] = static_cast<float>(i);
+  const Tensor cols = Tensor::from_external(wide.data(), {3, 4}, DType::F32, {8, 2});
+  EXPECT_EQ(cols.at({2, 3}), 22.0f);
+  EXPECT_FALSE(cols.is_contiguous());
+  EXPECT_EQ(cols.clone().to_vector(), (std::vector<float>{0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22}));
+  {
+    const Tensor copy = t;  // destroying tensors never frees the caller's memory
+  }
+  EXPECT_EQ(buffer[0], 0.0f);
+  EXPECT_THROW(Tensor::from_external(nullptr, {2}), Error);
+  EXPECT_THROW(Tensor::from_external(buffer.data(), {2, 3}, DType::F32, {1}), Error);
+  EXPECT_THROW(Tensor::from_external(buffer.data(), {2, 3}, DType::F32, {-3, 1}), Error);
+}
+
 TEST(Error, CheckReportsFileAndLine) {
   try {
     CABM_CHECK(1 + 1 == 3, "arithmetic is {}", "broken");
