@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs every Debian package that cabm's build, tests and main job need.
 # Works as root or through sudo; does nothing when everything is present.
+# Usage: setup.sh [--list]
 set -euo pipefail
 
 packages=(
@@ -15,6 +16,13 @@ packages=(
   fortunes               # default training corpus
   wamerican wngerman wfrench wspanish witalian   # langid demo word lists
 )
+
+# `setup.sh --list` prints the list, one name a line, and installs nothing: the test
+# scripts/check_setup_packages.py reads it to prove the list covers the build.
+if [ "${1:-}" = "--list" ]; then
+  printf '%s\n' "${packages[@]}"
+  exit 0
+fi
 
 missing=()
 for p in "${packages[@]}"; do
