@@ -1,6 +1,6 @@
 // Which library should back gemm()? oneDNN 2.6's sgemm against OpenBLAS 0.3.21's cblas_sgemm
 // (Debian's OpenMP build, the one cabm links), and cabm's gemm() (which picks one per product, see
-// cabm/kernels/gemm.cpp), on the products one encoder layer's training step makes (rows = B·N tokens):
+// cabm/kernels/gemm_route.h: timed on this machine), on the products one encoder layer's training step makes (rows = B·N tokens):
 // y = x·Wᵀ, dX = dY·W and dW = dYᵀ·X for the QKV projection, the output projection and the two
 // feed-forward maps of a model of width E and feed-forward width F.
 //
@@ -10,7 +10,9 @@
 // block of calls, then the program sleeps, so no thread left spinning by one run competes with
 // the next; blocks alternate, and the median call time of each is reported (GFLOP/s, 2·M·N·K per
 // call).
+#include "cabm/core/threads.h"
 #include "cabm/kernels/gemm.h"
+#include "cabm/kernels/gemm_route.h"
 
 #include <cblas.h>
 #include <dnnl.h>
@@ -71,8 +73,8 @@ int main(int argc, char** argv) {
   const char* forms[] = {"y = x.W^T", "dX = dY.W", "dW = dY^T.X"};
 
   std::printf("rows %d, E %d, F %d, %d threads\n\n", rows, E, F, omp_get_max_threads());
-  std::printf("| map | product | M | N | K | oneDNN sgemm | cabm gemm() | OpenBLAS | gemm() / OpenBLAS |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| map | product | M | N | K | oneDNN sgemm | cabm gemm() | OpenBLAS | gemm() / faster | gemm() route |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   for (size_t i = 0; i < products.size(); ++i) {
     const Product& s = products[i];
     const int lda = s.ta ? s.M : s.K, ldb = s.tb ? s.K : s.N;
@@ -101,8 +103,13 @@ int main(int argc, char** argv) {
     const double gflop = 2.0 * s.M * s.N * s.K / 1e9;
     const double onednn = gflop / median(times[0]), wrapped = gflop / median(times[1]);
     const double openblas = gflop / median(times[2]);
-    std::printf("| %s | %s | %d | %d | %d | %.1f | %.1f | %.1f | %.2f |\n", s.name, forms[i % 3], s.M, s.N, s.K,
-                onednn, wrapped, openblas, wrapped / openblas);
+    const std::string key = cabm::GemmShape{s.ta, s.tb, s.M, s.N, s.K, lda, ldb, s.N, cabm::num_threads()}.key();
+    std::string route = "oneDNN (not timed: small)";
+    for (const auto& d : cabm::gemm_route_decisions())
+      if (d.key == key) route = cabm::gemm_library_name(d.library) + (d.from_wisdom ? " (wisdom)" : " (timed)");
+    std::printf("| %s | %s | %d | %d | %d | %.1f | %.1f | %.1f | %.2f | %s |\n", s.name, forms[i % 3], s.M, s.N, s.K,
+                onednn, wrapped, openblas, wrapped / std::max(onednn, openblas), route.c_str());
   }
+  std::printf("\n%s\n", cabm::gemm_route_summary().c_str());
   return 0;
 }

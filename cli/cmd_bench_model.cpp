@@ -19,6 +19,7 @@
 #include "cabm/kernels/attention_flash_bf16.h"
 #include "cabm/kernels/bf16.h"
 #include "cabm/kernels/gemm.h"
+#include "cabm/kernels/gemm_route.h"
 #include "cabm/nn/encoder_layer.h"
 #include "cabm/nn/init.h"
 #include "cabm/nn/mixed_precision.h"
@@ -157,6 +158,7 @@ void bench_layer(const LayerFlags& f) {
   print_row("forward", forward, tokens);
   print_row("forward+backward", both, tokens);
   std::printf("output ||bf16 - fp32|| / ||fp32|| = %.2e (bf16 unit roundoff 2^-8 = %.2e)\n", diff, std::ldexp(1.0, -8));
+  std::printf("%s\n", gemm_route_summary().c_str());
   std::printf("(bf16 speed = fp32 time / bf16 time, medians of %lld alternating calls each)\n",
               static_cast<long long>(f.repeats));
 }
@@ -218,6 +220,7 @@ void bench_train(const TrainBenchFlags& f) {
   bench_train_config("configured LM", c, f.steps);
   std::printf("(bf16 speed = fp32 time / bf16 time, medians of %lld alternating steps each)\n",
               static_cast<long long>(f.steps));
+  std::printf("%s\n", gemm_route_summary().c_str());
 }
 
 }  // namespace

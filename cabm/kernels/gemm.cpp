@@ -1,12 +1,16 @@
 #include "cabm/kernels/gemm.h"
 
 #include "cabm/core/error.h"
+#include "cabm/core/threads.h"
 #include "cabm/kernels/bf16.h"
+#include "cabm/kernels/gemm_route.h"
 
 #include <cblas.h>
 #include <dnnl.h>
+#include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <limits>
 #include <dnnl.hpp>
@@ -24,19 +28,32 @@ void check_operands(const Ref& a, const Ref& b, int64_t ldc) {
   CABM_CHECK(b.ld >= (b.transposed ? b.rows : b.cols) || b.rows == 0 || b.cols == 0, "gemm ldb {} too small", b.ld);
   CABM_CHECK(ldc >= b.cols || a.rows == 0, "gemm ldc {} too small for {} columns", ldc, b.cols);
 }
-// C = Aᵀ·B with at least this many elements goes to OpenBLAS, the rest to oneDNN. Aᵀ·B are the
-// weight gradients dYᵀ·X (K = tokens). Measured here (Zen 3, 2 threads, bench_gemm_libraries,
-// GFLOP/s, oneDNN → OpenBLAS; repeated runs): the big preset's (K 4096) QKV 90–122 → 114–144,
-// out_proj 91–123 → 106–138, and the two products with a 1024-wide operand 63–88 → 119–157
-// (oneDNN 2.6 reads an operand of this form in place, and rows 4 KiB apart fall into the same few
-// L1 sets). The default preset's (K 1024) are a tie within the noise but for linear2's 87–91 →
-// 102–130. Below 2^15 outputs (the langid model's 64 × 64 to 256 × 64) oneDNN is as fast or
-// faster, and on the other forms it is as fast or faster at every size measured.
-constexpr int64_t kOpenBlasMinOutput = 1 << 15;
-
 // Leading dimensions as oneDNN gets them: at least 1 even for degenerate operands.
 int64_t effective_lda(const MatrixRef& a) { return std::max<int64_t>(a.ld, a.transposed ? a.rows : a.cols); }
 int64_t effective_ldb(const MatrixRef& b) { return std::max<int64_t>(b.ld, b.transposed ? b.rows : b.cols); }
+
+void run_gemm(GemmLibrary library, const MatrixRef& a, const MatrixRef& b, int64_t lda, int64_t ldb, float* c,
+              int64_t ldc, float alpha, float beta) {
+  const int64_t M = a.rows, N = b.cols, K = a.cols;
+  if (library == GemmLibrary::kOpenBlas) {
+    // OpenBLAS's OpenMP build: the same thread pool (and thread count) as oneDNN and our kernels.
+    // OpenBLAS documents (Makefile.rule, NUM_PARALLEL) that calls into this build from several
+    // threads at once may wait for each other or corrupt each other's work buffers; we have not
+    // seen it (test_gemm's ConcurrentCallsFromThreads), but a caller may use gemm() from several
+    // threads, so the calls are serialised here: one lock per product of milliseconds.
+    static std::mutex openblas_mutex;
+    const std::lock_guard<std::mutex> lock(openblas_mutex);
+    CABM_CHECK(std::max({M, N, K, lda, ldb, ldc}) <= std::numeric_limits<blasint>::max(),
+               "gemm: sizes beyond OpenBLAS's {}-bit integers", 8 * sizeof(blasint));
+    cblas_sgemm(CblasRowMajor, a.transposed ? CblasTrans : CblasNoTrans, b.transposed ? CblasTrans : CblasNoTrans,
+                static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, a.data,
+                static_cast<blasint>(lda), b.data, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+    return;
+  }
+  const dnnl_status_t status = dnnl_sgemm(a.transposed ? 'T' : 'N', b.transposed ? 'T' : 'N', M, N, K, alpha, a.data,
+                                          lda, b.data, ldb, beta, c, ldc);
+  CABM_CHECK(status == dnnl_success, "oneDNN sgemm failed with status {}", static_cast<int>(status));
+}
 
 }  // namespace
 
@@ -51,24 +68,17 @@ void gemm(const MatrixRef& a, const MatrixRef& b, float* c, int64_t ldc, float a
   }
   // oneDNN needs ld >= 1 even for degenerate single-row/column operands.
   const int64_t lda = effective_lda(a), ldb = effective_ldb(b);
-  if (a.transposed && !b.transposed && M * N >= kOpenBlasMinOutput) {
-    // OpenBLAS's OpenMP build: the same thread pool (and thread count) as oneDNN and our kernels.
-    // OpenBLAS documents (Makefile.rule, NUM_PARALLEL) that calls into this build from several
-    // threads at once may wait for each other or corrupt each other's work buffers; we have not
-    // seen it (test_gemm's ConcurrentCallsFromThreads), but a caller may use gemm() from several
-    // threads, so the calls are serialised here: one lock per product of milliseconds.
-    static std::mutex openblas_mutex;
-    const std::lock_guard<std::mutex> lock(openblas_mutex);
-    CABM_CHECK(std::max({M, N, K, lda, ldb, ldc}) <= std::numeric_limits<blasint>::max(),
-               "gemm: sizes beyond OpenBLAS's {}-bit integers", 8 * sizeof(blasint));
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<blasint>(M), static_cast<blasint>(N),
-                static_cast<blasint>(K), alpha, a.data, static_cast<blasint>(lda), b.data, static_cast<blasint>(ldb),
-                beta, c, static_cast<blasint>(ldc));
-    return;
-  }
-  const dnnl_status_t status = dnnl_sgemm(a.transposed ? 'T' : 'N', b.transposed ? 'T' : 'N', M, N, K, alpha, a.data,
-                                          lda, b.data, ldb, beta, c, ldc);
-  CABM_CHECK(status == dnnl_success, "oneDNN sgemm failed with status {}", static_cast<int>(status));
+  // Inside a parallel region the libraries run on one thread: that is the thread count to time.
+  const int threads = omp_in_parallel() ? 1 : num_threads();
+  const GemmShape shape{a.transposed, b.transposed, M, N, K, lda, ldb, ldc, threads};
+  std::vector<float> scratch;  // the trial's output: the caller's c may be an input (beta != 0)
+  const auto trial = [&](GemmLibrary library) {
+    scratch.resize(static_cast<size_t>(M * ldc));
+    const auto t0 = std::chrono::steady_clock::now();
+    run_gemm(library, a, b, lda, ldb, scratch.data(), ldc, alpha, 0.0f);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  run_gemm(gemm_route(shape, trial), a, b, lda, ldb, c, ldc, alpha, beta);
 }
 
 void gemm_reference(const MatrixRef& a, const MatrixRef& b, float* c, int64_t ldc, float alpha, float beta) {

@@ -1,5 +1,5 @@
-// Matrix multiplication, row-major, through one narrow interface backed by oneDNN (and, for the
-// Aᵀ·B products, OpenBLAS: chosen by measurement, see gemm.cpp). Everything in cabm that
+// Matrix multiplication, row-major, through one narrow interface backed by oneDNN and OpenBLAS:
+// which one runs a product is decided on the machine (gemm_route.h). Everything in cabm that
 // multiplies matrices calls this, so the backing library can be changed (or a packed-weight path
 // added) in one place.
 #pragma once

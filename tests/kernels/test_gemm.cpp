@@ -9,9 +9,13 @@
 #include "cabm/core/threads.h"
 #include "cabm/kernels/bf16.h"
 #include "cabm/kernels/gemm.h"
+#include "cabm/kernels/gemm_route.h"
 #include "util/test_util.h"
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -46,19 +50,22 @@ std::vector<Case> cases() {
       out.push_back({5, 6, 0, ta, tb, 1.0f, 0.5f, 2});  // K = 0: c = beta·c
       out.push_back({64, 48, 128, ta, tb, 1.0f, 0.0f, 5});
     }
-  // Aᵀ·B (the OpenBLAS path, see gemm.cpp) with rows 4 KiB apart (ld a multiple of 1024 floats):
-  // A's, B's and both.
+  // Aᵀ·B (the weight gradients) with rows 4 KiB apart (ld a multiple of 1024 floats): A's, B's
+  // and both.
   out.push_back({24, 40, 300, true, false, 1.0f, 1.0f, 1024 - 24});
   out.push_back({24, 40, 300, true, false, 0.5f, 0.0f, 1024 - 40});
   out.push_back({64, 64, 256, true, false, 1.0f, 0.5f, 1024 - 64});
   out.push_back({24, 40, 255, true, false, -1.0f, 1.0f, 1024 - 24});
-  // Aᵀ·B with 2^15 outputs or more runs on OpenBLAS (gemm.cpp): odd sizes, the threshold itself,
-  // beta 0 over NaN, and rows 4 KiB apart.
+  // Products large enough to be routed by timing (gemm_route.h, >= 2^24 multiply-adds) and just
+  // below: odd sizes, beta 0 over NaN, and rows 4 KiB apart.
   out.push_back({200, 170, 97, true, false, 1.0f, 0.0f, 3});
   out.push_back({256, 128, 300, true, false, 0.5f, 1.0f, 0});
   out.push_back({181, 181, 65, true, false, -1.0f, 0.25f, 5});
   out.push_back({256, 160, 257, true, false, 1.0f, 0.0f, 1024 - 256});
   out.push_back({255, 129, 1, true, false, 2.0f, -1.0f, 1});
+  out.push_back({257, 255, 257, false, true, 1.0f, 0.0f, 2});
+  out.push_back({256, 256, 255, false, false, 0.5f, 1.0f, 0});
+  out.push_back({300, 260, 256, true, true, 1.0f, 0.0f, 1});
   return out;
 }
 
@@ -123,7 +130,23 @@ void expect_within(const Case& c, const Operands& o, const std::vector<float>& g
   }
 }
 
-TEST(Gemm, Fp32MatchesReference) {
+// Every case on each library (pinned) and with the routes decided by timing.
+class GemmLibraries : public ::testing::TestWithParam<std::optional<GemmLibrary>> {
+ protected:
+  void SetUp() override {
+    reset_gemm_routes("off");
+    set_gemm_library_override(GetParam());
+  }
+  void TearDown() override { set_gemm_library_override(std::nullopt); }
+};
+
+INSTANTIATE_TEST_SUITE_P(Pinned, GemmLibraries,
+                         ::testing::Values(std::optional<GemmLibrary>(GemmLibrary::kOneDnn),
+                                           std::optional<GemmLibrary>(GemmLibrary::kOpenBlas),
+                                           std::optional<GemmLibrary>()),
+                         [](const auto& info) { return info.param ? gemm_library_name(*info.param) : "auto"; });
+
+TEST_P(GemmLibraries, Fp32MatchesReference) {
   uint64_t seed = 1;
   for (const Case& c : cases()) {
     const Operands o = make_operands(c, seed++, false);
@@ -241,6 +264,91 @@ TEST(GemmBf16, RejectsMismatchedShapes) {
   std::vector<bf16> x(16);
   std::vector<float> y(16);
   EXPECT_THROW(gemm_bf16({x.data(), 2, 3, 3}, {x.data(), 4, 2, 2}, y.data(), 2), Error);
+}
+
+}  // namespace
+}  // namespace cabm
+
+namespace cabm {
+namespace {
+
+int64_t count_lines(const std::string& path) {
+  std::ifstream in(path);
+  int64_t n = 0;
+  for (std::string line; std::getline(in, line);) ++n;
+  return n;
+}
+
+// A product large enough to route is timed once, the decision kept for the process and in the
+// wisdom file, which a later process (here: the routes forgotten) reads instead of timing again;
+// small products are never timed.
+TEST(GemmRoute, DecidedOnceKeptInWisdom) {
+  const std::string wisdom = test::temp_dir() + "/gemm_routes.tsv";
+  std::filesystem::remove(wisdom);
+  reset_gemm_routes(wisdom);
+  const Case c{256, 256, 256, true, false, 1.0f, 0.0f, 0};
+  const Operands o = make_operands(c, 5, false);
+  std::vector<float> out = o.c0;
+  const auto run = [&] {
+    gemm({o.a.data(), c.M, c.K, o.lda, c.ta}, {o.b.data(), c.K, c.N, o.ldb, c.tb}, out.data(), o.ldc);
+  };
+  run();
+  EXPECT_EQ(gemm_route_trials(), 1);
+  run();
+  EXPECT_EQ(gemm_route_trials(), 1) << "decided once per shape";
+  const auto decisions = gemm_route_decisions();
+  ASSERT_EQ(decisions.size(), 1u);
+  EXPECT_FALSE(decisions[0].from_wisdom);
+  EXPECT_GT(decisions[0].onednn_seconds, 0);
+  EXPECT_GT(decisions[0].openblas_seconds, 0);
+  EXPECT_EQ(decisions[0].library,
+            decisions[0].openblas_seconds < kGemmRouteOpenBlasMargin * decisions[0].onednn_seconds
+                ? GemmLibrary::kOpenBlas
+                : GemmLibrary::kOneDnn);
+  EXPECT_EQ(count_lines(wisdom), 1);
+  EXPECT_NE(gemm_route_summary().find("TN M256 N256 K256"), std::string::npos) << gemm_route_summary();
+
+  reset_gemm_routes(wisdom);  // a new process on the same machine
+  run();
+  EXPECT_EQ(gemm_route_trials(), 0) << "read from the wisdom file";
+  const auto loaded = gemm_route_decisions();
+  ASSERT_EQ(loaded.size(), 1u);
+  EXPECT_TRUE(loaded[0].from_wisdom);
+  EXPECT_EQ(loaded[0].library, decisions[0].library);
+  EXPECT_EQ(count_lines(wisdom), 1);
+
+  // Another thread count is another decision; a small product none.
+  {
+    test::ScopedThreads one(1);
+    run();
+  }
+  EXPECT_EQ(gemm_route_trials(), 1);
+  const Case small{64, 64, 64, true, false, 1.0f, 0.0f, 0};
+  const Operands so = make_operands(small, 6, false);
+  std::vector<float> small_out = so.c0;
+  gemm({so.a.data(), 64, 64, so.lda, true}, {so.b.data(), 64, 64, so.ldb, false}, small_out.data(), so.ldc);
+  EXPECT_EQ(gemm_route_trials(), 1);
+  EXPECT_EQ(count_lines(wisdom), 2);
+
+  // A line written for another machine (CPU or library versions) is not used.
+  std::filesystem::remove(wisdom);
+  std::ofstream(wisdom) << "Some Other CPU | oneDNN 9.9.9 | OpenBLAS x\t" << decisions[0].key << "\tOpenBLAS\t1\t0.5\n";
+  reset_gemm_routes(wisdom);
+  run();
+  EXPECT_EQ(gemm_route_trials(), 1);
+  reset_gemm_routes("off");
+}
+
+TEST(GemmRoute, PinnedLibraryIsNeverTimed) {
+  reset_gemm_routes("off");
+  set_gemm_library_override(GemmLibrary::kOpenBlas);
+  const Case c{256, 256, 300, false, false, 1.0f, 0.0f, 0};
+  const Operands o = make_operands(c, 7, false);
+  std::vector<float> out = o.c0;
+  gemm({o.a.data(), c.M, c.K, o.lda, c.ta}, {o.b.data(), c.K, c.N, o.ldb, c.tb}, out.data(), o.ldc);
+  EXPECT_EQ(gemm_route_trials(), 0);
+  EXPECT_NE(gemm_route_summary().find("OpenBLAS (pinned)"), std::string::npos) << gemm_route_summary();
+  set_gemm_library_override(std::nullopt);
 }
 
 }  // namespace

@@ -1,0 +1,225 @@
+#include "cabm/kernels/gemm_route.h"
+
+#include "cabm/core/error.h"
+
+#include <cblas.h>
+#include <dnnl.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+namespace cabm {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// The machine a decision holds for: CPU model and both libraries' versions and builds.
+std::string machine_id() {
+  std::string cpu = "unknown CPU";
+  std::ifstream info("/proc/cpuinfo");
+  for (std::string line; std::getline(info, line);) {
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      cpu = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  const dnnl_version_t* v = dnnl_version();
+  std::string id = fmt::format("{} | oneDNN {}.{}.{} | OpenBLAS {}", cpu, v->major, v->minor, v->patch,
+                               openblas_get_config());
+  std::replace(id.begin(), id.end(), '\t', ' ');
+  return id;
+}
+
+std::optional<GemmLibrary> pinned_from_env() {
+  const char* value = std::getenv("CABM_GEMM");
+  if (value == nullptr || std::string(value).empty() || std::string(value) == "auto") return std::nullopt;
+  const std::string v = value;
+  if (v == "onednn") return GemmLibrary::kOneDnn;
+  if (v == "openblas") return GemmLibrary::kOpenBlas;
+  throw Error(fmt::format("CABM_GEMM is '{}', expected onednn, openblas or auto", v));
+}
+
+std::string default_wisdom_path() {
+  if (const char* path = std::getenv("CABM_GEMM_WISDOM")) return path;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return std::string(xdg) + "/cabm/gemm_routes.tsv";
+  if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.cache/cabm/gemm_routes.tsv";
+  return "off";
+}
+
+std::optional<GemmLibrary> parse_library(const std::string& name) {
+  if (name == "oneDNN") return GemmLibrary::kOneDnn;
+  if (name == "OpenBLAS") return GemmLibrary::kOpenBlas;
+  return std::nullopt;
+}
+
+class Router {
+ public:
+  GemmLibrary route(const GemmShape& shape, const GemmTrial& trial) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    init();
+    if (pin_) return *pin_;
+    const std::string key = shape.key();
+    if (auto it = decisions_.find(key); it != decisions_.end()) return it->second.library;
+    // Another process may have decided since this one last read the file.
+    if (auto found = read_wisdom(key)) return remember(*found);
+    const auto [onednn, openblas] = best_times(trial);
+    ++trials_;
+    GemmRouteDecision d{key, openblas < kGemmRouteOpenBlasMargin * onednn ? GemmLibrary::kOpenBlas : GemmLibrary::kOneDnn,
+                        onednn, openblas, false};
+    append_wisdom(d);
+    // Two processes that decided at once keep whichever line reached the file first.
+    if (auto first = read_wisdom(key); first && first->library != d.library) d.library = first->library;
+    return remember(d);
+  }
+
+  std::vector<GemmRouteDecision> decisions() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<GemmRouteDecision> out;
+    for (const auto& [key, d] : decisions_) out.push_back(d);
+    return out;
+  }
+  std::optional<GemmLibrary> pin() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    init();
+    return pin_;
+  }
+  std::string wisdom_path() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    init();
+    return wisdom_;
+  }
+  int64_t trials() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return trials_;
+  }
+  void set_pin(std::optional<GemmLibrary> pin) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    init();
+    pin_ = pin;
+  }
+  void reset(const std::optional<std::string>& wisdom) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    init();
+    decisions_.clear();
+    trials_ = 0;
+    if (wisdom) wisdom_ = *wisdom;
+  }
+
+ private:
+  void init() {
+    if (initialised_) return;
+    pin_ = pinned_from_env();
+    wisdom_ = default_wisdom_path();
+    machine_ = machine_id();
+    initialised_ = true;
+  }
+
+  static std::pair<double, double> best_times(const GemmTrial& trial) {
+    double best[2] = {1e30, 1e30};
+    const GemmLibrary libraries[2] = {GemmLibrary::kOneDnn, GemmLibrary::kOpenBlas};
+    for (int round = 0; round < 4; ++round) {
+      for (int n = 0; n < 2; ++n) {
+        const int lib = (round + n) % 2;
+        trial(libraries[lib]);  // warm-up
+        best[lib] = std::min(best[lib], trial(libraries[lib]));
+      }
+    }
+    return {best[0], best[1]};
+  }
+
+  GemmLibrary remember(const GemmRouteDecision& d) {
+    decisions_[d.key] = d;
+    return d.library;
+  }
+
+  // The first line of this machine for `key`.
+  std::optional<GemmRouteDecision> read_wisdom(const std::string& key) const {
+    if (wisdom_ == "off" || wisdom_.empty()) return std::nullopt;
+    std::ifstream in(wisdom_);
+    for (std::string line; std::getline(in, line);) {
+      std::vector<std::string> fields;
+      std::stringstream ss(line);
+      for (std::string f; std::getline(ss, f, '\t');) fields.push_back(f);
+      if (fields.size() != 5 || fields[0] != machine_ || fields[1] != key) continue;
+      if (const auto library = parse_library(fields[2])) return GemmRouteDecision{key, *library, 0, 0, true};
+    }
+    return std::nullopt;
+  }
+
+  // One line appended with O_APPEND (a single write: lines of concurrent writers do not
+  // interleave). A file that cannot be written leaves the decision in memory only.
+  void append_wisdom(const GemmRouteDecision& d) const {
+    if (wisdom_ == "off" || wisdom_.empty()) return;
+    std::error_code ec;
+    const fs::path parent = fs::path(wisdom_).parent_path();
+    if (!parent.empty()) fs::create_directories(parent, ec);
+    const std::string line = fmt::format("{}\t{}\t{}\t{:.6g}\t{:.6g}\n", machine_, d.key, gemm_library_name(d.library),
+                                         d.onednn_seconds, d.openblas_seconds);
+    const int fd = ::open(wisdom_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) return;
+    [[maybe_unused]] const ssize_t written = ::write(fd, line.data(), line.size());
+    ::close(fd);
+  }
+
+  std::mutex mutex_;
+  bool initialised_ = false;
+  std::optional<GemmLibrary> pin_;
+  std::string wisdom_, machine_;
+  std::map<std::string, GemmRouteDecision> decisions_;
+  int64_t trials_ = 0;
+};
+
+Router& router() {
+  static Router r;
+  return r;
+}
+
+}  // namespace
+
+std::string gemm_library_name(GemmLibrary library) {
+  return library == GemmLibrary::kOneDnn ? "oneDNN" : "OpenBLAS";
+}
+
+std::string GemmShape::key() const {
+  return fmt::format("{}{} M{} N{} K{} lda{} ldb{} ldc{} t{}", ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, lda, ldb, ldc,
+                     threads);
+}
+
+GemmLibrary gemm_route(const GemmShape& shape, const GemmTrial& trial) {
+  if (shape.M * shape.N * shape.K < kGemmRouteMinMacs) {
+    if (const auto pin = router().pin()) return *pin;
+    return GemmLibrary::kOneDnn;
+  }
+  return router().route(shape, trial);
+}
+
+std::vector<GemmRouteDecision> gemm_route_decisions() { return router().decisions(); }
+
+std::string gemm_route_summary() {
+  if (const auto pin = router().pin()) return "gemm routes: every product on " + gemm_library_name(*pin) + " (pinned)";
+  const auto decisions = gemm_route_decisions();
+  if (decisions.empty()) return "gemm routes: every product on oneDNN (none large enough to time)";
+  int64_t timed = 0;
+  std::string list;
+  for (const auto& d : decisions) {
+    timed += d.from_wisdom ? 0 : 1;
+    list += fmt::format("{}{} -> {}", list.empty() ? "" : "; ", d.key, gemm_library_name(d.library));
+    if (!d.from_wisdom) list += fmt::format(" ({:.3g} vs {:.3g} ms)", d.onednn_seconds * 1e3, d.openblas_seconds * 1e3);
+  }
+  return fmt::format("gemm routes ({} timed here, {} from {}; oneDNN vs OpenBLAS): {}", timed,
+                     static_cast<int64_t>(decisions.size()) - timed, router().wisdom_path(), list);
+}
+
+void set_gemm_library_override(std::optional<GemmLibrary> library) { router().set_pin(library); }
+void reset_gemm_routes(const std::optional<std::string>& wisdom) { router().reset(wisdom); }
+int64_t gemm_route_trials() { return router().trials(); }
+
+}  // namespace cabm

@@ -1,0 +1,73 @@
+// Which library runs a gemm() product: decided on the machine it runs on, not by a rule measured
+// on another CPU. (Measured with bench/bench_gemm_libraries: on an AMD Zen 3 OpenBLAS beats
+// oneDNN by 1.2–1.9× on the weight-gradient products Aᵀ·B; on an Intel Xeon with AVX-512 it loses
+// by 2–30× on most of them. A threshold that was right on one was 4–6× wrong on the other.)
+//
+// The first product of a given form and shape (transposes, M, N, K, leading dimensions, thread
+// count) that is large enough to matter is timed on both libraries, in alternation, and the
+// faster one is kept for the rest of the process; OpenBLAS must win by 10% to be taken (oneDNN is
+// the default and the one cabm's bf16 products use). Smaller products always run on oneDNN.
+//
+// The decisions are also kept on disk, like FFTW's wisdom, so that every process on one machine
+// makes the same choice (the two libraries round differently; a resumed training run must take
+// the same routes as the uninterrupted one to reproduce it bit for bit):
+//   CABM_GEMM_WISDOM=PATH   the file (default $XDG_CACHE_HOME/cabm/gemm_routes.tsv, else
+//                           ~/.cache/cabm/gemm_routes.tsv); "off" keeps decisions in memory only.
+//                           Lines from another CPU model or library version are ignored.
+//   CABM_GEMM=onednn|openblas|auto   pins every product to one library (default auto).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace cabm {
+
+enum class GemmLibrary { kOneDnn, kOpenBlas };
+
+std::string gemm_library_name(GemmLibrary library);  // "oneDNN" | "OpenBLAS"
+
+// One product's form and shape, as the decision is keyed.
+struct GemmShape {
+  bool ta = false, tb = false;
+  int64_t M = 0, N = 0, K = 0, lda = 0, ldb = 0, ldc = 0;
+  int threads = 1;
+  std::string key() const;  // "TN M768 N256 K4096 lda768 ldb256 ldc256 t2"
+};
+
+// Products with fewer multiply-adds than this are not timed: they run on oneDNN.
+inline constexpr int64_t kGemmRouteMinMacs = int64_t{1} << 24;
+// OpenBLAS is taken only when its time is below this fraction of oneDNN's.
+inline constexpr double kGemmRouteOpenBlasMargin = 0.9;
+
+// Times one call of the product on `library` (seconds).
+using GemmTrial = std::function<double(GemmLibrary)>;
+
+// The library for `shape`: the pin, else the decision cached in memory or in the wisdom file,
+// else a new decision made by timing `trial`: four rounds, each running both libraries twice in
+// a row (the first call of a pair only warms up: a library called right after the other finds
+// the threads and caches in the other's state), the order swapped every round; each library's
+// best time counts. Thread-safe; decisions are serialised.
+GemmLibrary gemm_route(const GemmShape& shape, const GemmTrial& trial);
+
+// Every decision this process made or loaded, for `cabm bench` and logs.
+struct GemmRouteDecision {
+  std::string key;
+  GemmLibrary library;
+  double onednn_seconds = 0, openblas_seconds = 0;  // best trial times (0 when loaded)
+  bool from_wisdom = false;
+};
+std::vector<GemmRouteDecision> gemm_route_decisions();
+// "gemm routes: 3 timed here, 2 from <file>: TN M768 ... -> OpenBLAS (1.21 vs 1.48 ms), ..." or
+// the pin. One line.
+std::string gemm_route_summary();
+
+// Tests: replace the pin (nullopt: auto) and forget every decision; `wisdom` replaces the
+// file's path for this process ("off": none).
+void set_gemm_library_override(std::optional<GemmLibrary> library);
+void reset_gemm_routes(const std::optional<std::string>& wisdom = std::nullopt);
+int64_t gemm_route_trials();  // how many decisions were timed in this process
+
+}  // namespace cabm
