@@ -1,11 +1,17 @@
-// Attention entry points: the one place that selects which kernel runs.
+// Attention entry points: the one place that selects which kernel runs. Everything above the
+// kernels (cabm/nn/) calls only these two functions and attention_reference_forward (for the
+// attention weights).
 //
-//   attention_forward   → attention_flash_forward for every mask kind (causal either way, key
-//                         padding, sliding window, block-sparse, allow and additive tensors, and
-//                         their combinations), dropout, any d, dv, N, M >= 1 and any strides with
-//                         a unit last stride.
-//   attention_backward  → attention_flash_backward when saved.lse is defined, else
-//                         attention_reference_backward (which recomputes the softmax rows).
+//   attention_forward   F32 q, k, v → attention_flash_forward (tiled, fp32) for every mask kind
+//                       (causal either way, key padding, sliding window, block-sparse, allow and
+//                       additive tensors, and their combinations), dropout, any d, dv, N, M >= 1
+//                       and any strides with a unit last stride;
+//                       BF16 q, k, v → attention_flash_bf16_forward (mixed precision: bf16
+//                       products, fp32 accumulation and output), whose ISA path is chosen at run
+//                       time (attention_flash_bf16_path()).
+//   attention_backward  F32 saved tensors: attention_flash_backward when saved.lse is defined,
+//                       else attention_reference_backward (which recomputes the softmax rows);
+//                       BF16 saved q, k, v: attention_flash_bf16_backward (lse required).
 //
 // Callers that need the attention weights (need_weights) call attention_reference_forward
 // directly: the weights are the N×M matrix the fast path exists to avoid.
@@ -16,18 +22,18 @@
 
 namespace cabm {
 
-enum class AttentionKernel { kFlash, kReference };
+enum class AttentionKernel { kFlash, kFlashBf16, kReference };
 
-// Which kernel attention_forward / attention_backward would run.
-AttentionKernel attention_forward_kernel(const AttentionOptions& options);
+// Which kernel attention_forward / attention_backward would run for operands of `dtype`.
+AttentionKernel attention_forward_kernel(DType dtype, const AttentionOptions& options);
 AttentionKernel attention_backward_kernel(const AttentionSaved& saved, const AttentionOptions& options);
 
-// q [B, N, H, d], k [B, M, H, d], v [B, M, H, dv] → out [B, N, H, dv]; lse F32 [B, H, N]
-// contiguous if non-null (save it for attention_backward).
+// q [B, N, H, d], k [B, M, H, d], v [B, M, H, dv], all F32 or all BF16 → out F32 [B, N, H, dv];
+// lse F32 [B, H, N] contiguous if non-null (save it for attention_backward).
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
                        const Tensor& out, const Tensor* lse = nullptr);
 
-// dout [B, N, H, dv] → grads (overwritten).
+// dout F32 [B, N, H, dv] → grads F32 (overwritten), for saved q, k, v of the forward's dtype.
 void attention_backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
                         const AttentionGrads& grads);
 

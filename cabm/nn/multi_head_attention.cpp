@@ -1,7 +1,6 @@
 #include "cabm/nn/multi_head_attention.h"
 
 #include "cabm/kernels/attention.h"
-#include "cabm/kernels/attention_flash_bf16.h"
 #include "cabm/nn/bf16_util.h"
 
 #include <algorithm>
@@ -164,7 +163,7 @@ const Tensor& multi_head_attention_forward(const MultiHeadAttention& mha, const 
         }
     }
   } else if (cache.bf16_kernel) {
-    attention_flash_bf16_forward(cache.q_bf16, cache.k_bf16, cache.v_bf16, cache.options, attn_heads, &cache.lse);
+    attention_forward(cache.q_bf16, cache.k_bf16, cache.v_bf16, cache.options, attn_heads, &cache.lse);
   } else {
     attention_forward(cache.q, cache.k, cache.v, cache.options, attn_heads, &cache.lse);  // the fast path
   }
@@ -230,7 +229,7 @@ void multi_head_attention_backward(const MultiHeadAttention& mha, const Attentio
   if (cache.bf16_kernel) {
     // The bf16 Q, K, V of the forward; dO, P and dS are rounded inside, gradients are fp32.
     const AttentionSaved saved{cache.q_bf16, cache.k_bf16, cache.v_bf16, cache.attn.view({B, N, H, d}), cache.lse};
-    attention_flash_bf16_backward(saved, cache.d_attn.view({B, N, H, d}), cache.options, attention_grads);
+    attention_backward(saved, cache.d_attn.view({B, N, H, d}), cache.options, attention_grads);
   } else {
     const AttentionSaved saved{cache.q, cache.k, cache.v, cache.attn.view({B, N, H, d}), cache.lse};
     attention_backward(saved, cache.d_attn.view({B, N, H, d}), cache.options, attention_grads);
@@ -317,10 +316,7 @@ const Tensor& multi_head_attention_decode(const MultiHeadAttention& mha, const T
   ensure_shape(cache.attn, {B, n, E});
   AttentionOptions options;
   options.mask = Mask::causal(CausalAlign::kBottomRight);
-  if (bf16_kv)
-    attention_flash_bf16_forward(cache.q_bf16, k, v, options, cache.attn.view({B, n, H, d}));
-  else
-    attention_forward(cache.q, k, v, options, cache.attn.view({B, n, H, d}));
+  attention_forward(bf16_kv ? cache.q_bf16 : cache.q, k, v, options, cache.attn.view({B, n, H, d}));
   ensure_shape(cache.output, {B, n, E});
   linear_forward(mha.out_proj, as_rows(cache.attn), as_rows(cache.output));
   kv.length = L;

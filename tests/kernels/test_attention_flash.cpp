@@ -2,8 +2,10 @@
 // kernels, over odd sizes and tails, every mask kind, dropout, tile sizes and thread counts.
 #include "cabm/kernels/attention.h"
 #include "cabm/kernels/attention_flash.h"
+#include "cabm/kernels/attention_flash_bf16.h"
 #include "cabm/kernels/attention_reference.h"
 #include "cabm/kernels/attention_simd.h"
+#include "cabm/kernels/bf16.h"
 #include "util/attention_cases.h"
 #include "util/test_util.h"
 
@@ -252,7 +254,8 @@ TEST(FlashDispatch, PicksFlashUnlessLseIsMissing) {
   attention_forward(q, k, v, options, out, &lse);
   const Outcome flash = run_flash(in, options, {});
   EXPECT_EQ(out.to_vector(), flash.out.to_vector());
-  EXPECT_EQ(attention_forward_kernel(options), AttentionKernel::kFlash);
+  EXPECT_EQ(attention_forward_kernel(DType::F32, options), AttentionKernel::kFlash);
+  EXPECT_EQ(attention_forward_kernel(DType::BF16, options), AttentionKernel::kFlashBf16);
 
   AttentionGrads grads{Tensor::empty(q.shape()), Tensor::empty(k.shape()), Tensor::empty(v.shape())};
   attention_backward({q, k, v, out, lse}, g, options, grads);
@@ -265,6 +268,40 @@ TEST(FlashDispatch, PicksFlashUnlessLseIsMissing) {
   const AttentionGrads ref{Tensor::empty(q.shape()), Tensor::empty(k.shape()), Tensor::empty(v.shape())};
   attention_reference_backward(without_lse, g, options, ref);
   EXPECT_EQ(grads.dk.to_vector(), ref.dk.to_vector());
+}
+
+// BF16 operands go to the bf16 kernel family, through the same entry points.
+TEST(FlashDispatch, Bf16OperandsTakeTheBf16Kernels) {
+  AttentionOptions options;
+  options.mask = Mask::key_padding({17});
+  const test::Inputs in = test::random_inputs({1, 20, 17, 2, 8, 8}, 3, false);
+  const auto& [q, k, v, g] = in;
+  const auto to_bf16 = [](const Tensor& t) {
+    Tensor r = Tensor::empty(t.shape(), DType::BF16);
+    const Tensor c = t.contiguous();
+    float_to_bf16(c.data<float>(), r.data<bf16>(), c.numel());
+    return r;
+  };
+  const Tensor q16 = to_bf16(q), k16 = to_bf16(k), v16 = to_bf16(v);
+  Tensor out = Tensor::empty({1, 20, 2, 8}), lse = Tensor::empty({1, 2, 20});
+  Tensor want = Tensor::empty({1, 20, 2, 8}), want_lse = Tensor::empty({1, 2, 20});
+  attention_forward(q16, k16, v16, options, out, &lse);
+  attention_flash_bf16_forward(q16, k16, v16, options, want, &want_lse);
+  EXPECT_EQ(out.to_vector(), want.to_vector());
+  EXPECT_EQ(lse.to_vector(), want_lse.to_vector());
+
+  const AttentionSaved saved{q16, k16, v16, out, lse};
+  EXPECT_EQ(attention_backward_kernel(saved, options), AttentionKernel::kFlashBf16);
+  AttentionGrads grads{Tensor::empty(q.shape()), Tensor::empty(k.shape()), Tensor::empty(v.shape())};
+  AttentionGrads ref{Tensor::empty(q.shape()), Tensor::empty(k.shape()), Tensor::empty(v.shape())};
+  attention_backward(saved, g, options, grads);
+  attention_flash_bf16_backward(saved, g, options, ref);
+  EXPECT_EQ(grads.dq.to_vector(), ref.dq.to_vector());
+  EXPECT_EQ(grads.dk.to_vector(), ref.dk.to_vector());
+  EXPECT_EQ(grads.dv.to_vector(), ref.dv.to_vector());
+
+  EXPECT_THROW(attention_forward(q16, k, v16, options, out, &lse), Error) << "mixed dtypes";
+  EXPECT_THROW(attention_backward({q16, k16, v16, out, Tensor()}, g, options, grads), Error) << "bf16 needs lse";
 }
 
 TEST(FlashValidation, RejectsBadArguments) {
