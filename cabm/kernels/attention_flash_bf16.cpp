@@ -1,4 +1,5 @@
 #include "cabm/kernels/attention_flash_bf16.h"
+#include "cabm/kernels/attention_flash_amx.h"
 #include "cabm/kernels/attention_flash_detail.h"
 #include "cabm/kernels/tile_mask.h"
 
@@ -560,24 +561,26 @@ void attention_flash_bf16_backward_portable(const AttentionSaved& saved, const T
 // ---------------------------------------------------------------------------------------------
 // Path selection (see attention_flash_bf16.h).
 
-enum class Path { kPortable, kSimdFp32, kAvx512Bf16 };
+enum class Path { kPortable, kSimdFp32, kAvx512Bf16, kAmxBf16 };
 
 bool have_simd_fp32() { return std::strcmp(flash_isa(), "portable") != 0; }
 
 Path forward_path() {
-  if (bf16_active_isa() == Bf16Isa::kAvx512Bf16) return Path::kAvx512Bf16;
+  if (bf16_active_isa() == Bf16Isa::kAvx512Bf16) return bf16_amx_active() ? Path::kAmxBf16 : Path::kAvx512Bf16;
   if (!bf16_portable_forced() && have_simd_fp32()) return Path::kSimdFp32;
   return Path::kPortable;
 }
 
 Path backward_path() {
   const Path path = forward_path();
-  // No vdpbf16ps backward (yet): AVX-512 BF16 CPUs take the fp32 SIMD tiles, which they have.
-  return path == Path::kAvx512Bf16 ? (have_simd_fp32() ? Path::kSimdFp32 : Path::kPortable) : path;
+  // No vdpbf16ps or AMX backward (yet): AVX-512 BF16 CPUs take the fp32 SIMD tiles, which they have.
+  return path == Path::kAvx512Bf16 || path == Path::kAmxBf16 ? (have_simd_fp32() ? Path::kSimdFp32 : Path::kPortable) : path;
 }
 
 const char* path_name(Path path) {
   switch (path) {
+    case Path::kAmxBf16:
+      return "amx_bf16";
     case Path::kAvx512Bf16:
       return "avx512_bf16";
     case Path::kSimdFp32:
@@ -649,6 +652,10 @@ void attention_flash_bf16_forward(const Tensor& q, const Tensor& k, const Tensor
     CABM_CHECK(lse->dtype() == DType::F32 && lse->shape() == (Shape{p.B, p.H, p.N}) && lse->is_contiguous(),
                "lse must be a contiguous F32 [B, H, N] tensor, got {}", shape_str(lse->shape()));
   if (p.B * p.H * p.N == 0) return;
+  if (path == Path::kAmxBf16) {  // every mask kind and dropout: no fallback needed
+    detail::attention_flash_bf16_forward_amx(q, k, v, options, out, lse, tiles);
+    return;
+  }
   const TileMask mask(options.mask, p.B, p.H, p.N, p.M);
 
   std::vector<bf16> kp(static_cast<size_t>(p.B * p.H * p.Mp * p.dp));

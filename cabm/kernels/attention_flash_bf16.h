@@ -9,6 +9,10 @@
 // store bf16 activations round it with float_to_bf16.
 //
 // Paths, chosen at run time (attention_flash_bf16_path() names the one that runs):
+//   amx_bf16     CPUs with AMX-BF16 tiles as well (bf16_amx_active()), forward only: both products
+//                with tdpbf16ps on 16×16 fp32 tiles, the online softmax in AVX-512, every mask kind
+//                and dropout (attention_flash_amx.h). Its backward runs on the fp32 SIMD path.
+//                set_bf16_isa_override(kAvx512Bf16) or CABM_NO_AMX=1 selects avx512_bf16 instead.
 //   avx512_bf16  CPUs with AVX-512 BF16 (bf16_active_isa() == kAvx512Bf16), forward only: both
 //                products with vdpbf16ps on pair-interleaved packed tiles (K: 16 keys × 2 head-dim
 //                elements per zmm; V: 2 keys × 16 columns per zmm; Q and P rows read as 32-bit
@@ -49,8 +53,8 @@ void attention_flash_bf16_forward(const Tensor& q, const Tensor& k, const Tensor
 void attention_flash_bf16_backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
                                    const AttentionGrads& grads, const FlashConfig& config = {});
 
-// The path attention_flash_bf16_forward takes now: "avx512_bf16", "avx2_fp32" (or "avx512_fp32")
-// or "portable".
+// The path attention_flash_bf16_forward takes now: "amx_bf16", "avx512_bf16", "avx2_fp32" (or
+// "avx512_fp32") or "portable".
 const char* attention_flash_bf16_path();
 // The path attention_flash_bf16_backward takes now: "avx2_fp32" (or "avx512_fp32") or "portable".
 const char* attention_flash_bf16_backward_path();

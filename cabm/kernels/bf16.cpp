@@ -6,6 +6,11 @@
 #include <cstdlib>
 #include <cstring>
 
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #include "cabm/kernels/x86_intrinsics.h"
@@ -38,11 +43,32 @@ bool detect_avx512_bf16() {
 #endif
 }
 
+bool detect_amx_bf16() {
+#if defined(CABM_X86) && defined(__linux__) && defined(__x86_64__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_max(0, nullptr) < 7) return false;
+  __cpuid(1, eax, ebx, ecx, edx);
+  if (!((ecx >> 27) & 1u)) return false;  // OSXSAVE
+  unsigned xcr0_lo = 0, xcr0_hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if ((xcr0_lo & 0x60000u) != 0x60000u) return false;  // XTILECFG (17), XTILEDATA (18)
+  __cpuid_count(7, 0, eax, ebx, ecx, edx);
+  if (!((edx >> 22) & 1u) || !((edx >> 24) & 1u)) return false;  // AMX-BF16, AMX-TILE
+  // Linux enables the 8 KiB tile data state per process, on request (arch/x86/include/uapi/asm/prctl.h).
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+
+bool env_flag(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' && std::strcmp(value, "0") != 0;
+}
+
 bool env_forces_portable() {
-  static const bool forced = [] {
-    const char* value = std::getenv("CABM_FORCE_PORTABLE");
-    return value != nullptr && *value != '\0' && std::strcmp(value, "0") != 0;
-  }();
+  static const bool forced = env_flag("CABM_FORCE_PORTABLE");
   return forced;
 }
 
@@ -53,6 +79,17 @@ std::atomic<int> g_override{static_cast<int>(Bf16Isa::kAuto)};
 bool cpu_has_avx512_bf16() {
   static const bool has = detect_avx512_bf16();
   return has;
+}
+
+bool cpu_has_amx_bf16() {
+  static const bool has = detect_amx_bf16();
+  return has;
+}
+
+bool bf16_amx_active() {
+  static const bool env_no_amx = env_flag("CABM_NO_AMX");
+  const auto isa = static_cast<Bf16Isa>(g_override.load(std::memory_order_relaxed));
+  return isa == Bf16Isa::kAuto && !env_no_amx && bf16_active_isa() == Bf16Isa::kAvx512Bf16 && cpu_has_amx_bf16();
 }
 
 void set_bf16_isa_override(Bf16Isa isa) {

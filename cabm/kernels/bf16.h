@@ -8,6 +8,10 @@
 //   portable     plain C++ on the scalar rules of cabm/core/dtype.h (the compiler may vectorise it).
 // The choice is made once from CPUID; CABM_FORCE_PORTABLE=1 in the environment (read at first
 // use) or set_bf16_isa_override() forces the portable path, so tests can compare both.
+//
+// On CPUs with AMX-BF16 tiles, kernels that have an AMX path (attention_flash_bf16's forward) take
+// it under kAuto (bf16_amx_active()); set_bf16_isa_override(kAvx512Bf16) or CABM_NO_AMX=1 keeps
+// them on the avx512_bf16 path, so tests and benchmarks can compare the two.
 #pragma once
 
 #include "cabm/core/dtype.h"
@@ -22,6 +26,12 @@ enum class Bf16Isa { kAuto, kPortable, kAvx512Bf16 };
 // 16/30/31, subleaf 1 EAX bit 5, and XCR0 enabling the opmask and zmm state.
 bool cpu_has_avx512_bf16();
 
+// Whether this CPU and OS can run AMX-BF16 tile code: CPUID leaf 7 subleaf 0 EDX bits 22
+// (AMX-BF16) and 24 (AMX-TILE), XCR0 bits 17/18 (tile config and data state), and on Linux the
+// permission to use the tile data state, requested once per process on the first call
+// (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); refused → false). Thread-safe.
+bool cpu_has_amx_bf16();
+
 // kAuto (the default) selects avx512_bf16 where cpu_has_avx512_bf16() and CABM_FORCE_PORTABLE is
 // not set; kPortable forces the portable path; kAvx512Bf16 requests the fast path (a CABM_CHECK
 // fails if the CPU lacks it). Not meant to be changed while kernels run on other threads.
@@ -29,6 +39,9 @@ void set_bf16_isa_override(Bf16Isa isa);
 
 // The path the bf16 kernels take now (after the override and the environment).
 Bf16Isa bf16_active_isa();
+// Whether the AMX paths run: the override is kAuto, bf16_active_isa() is kAvx512Bf16,
+// cpu_has_amx_bf16(), and CABM_NO_AMX (read at first use) is unset or "0".
+bool bf16_amx_active();
 // "avx512_bf16" or "portable": for `cabm bench` and benchmark labels.
 const char* bf16_path_name();
 // Whether the portable path is forced: set_bf16_isa_override(kPortable), or CABM_FORCE_PORTABLE=1

@@ -109,8 +109,9 @@ struct ScopedIsa {
 };
 
 // The settings that reach each distinct path at run time: forced portable, the automatic choice
-// (avx2_fp32 on a CPU without AVX-512 BF16 built with SIMD, unless CABM_FORCE_PORTABLE is set), and
-// AVX-512 BF16 where the CPU has it. `name` picks the forward's or the backward's path names.
+// (amx_bf16 on a CPU with AMX tiles; avx2_fp32 on a CPU without AVX-512 BF16 built with SIMD;
+// unless CABM_FORCE_PORTABLE or CABM_NO_AMX is set), and AVX-512 BF16 without AMX where the CPU
+// has it. `name` picks the forward's or the backward's path names.
 std::vector<Bf16Isa> paths(const char* (*name)()) {
   std::vector<Bf16Isa> out;
   std::vector<std::string> seen;
@@ -356,6 +357,65 @@ TEST(AttentionFlashBf16, ForwardFullyMaskedRowsGiveZeroAndMinusInfLse) {
       for (int64_t c = 0; c < s.dv; ++c) EXPECT_EQ(r.out.at({1, i, 0, c}), 0.0f);
     }
   }
+}
+
+// Head dims and value dims that are not multiples of the AMX tile widths (32 along d, 16 along
+// dv), N and M not multiples of 16, key blocks of 16, 32 and 48 keys (the AMX path reads P·V 32
+// keys at a time), and the masks whose key ranges the paths bound. Every forward path.
+TEST(AttentionFlashBf16, ForwardHeadDimsAndTails) {
+  const std::vector<Dims> sizes = {{2, 17, 33, 2, 1, 1},    {2, 40, 31, 1, 17, 40}, {2, 33, 50, 2, 40, 17},
+                                   {2, 50, 47, 1, 80, 96},  {2, 31, 70, 1, 96, 80}, {2, 47, 45, 1, 128, 128},
+                                   {2, 20, 37, 1, 130, 130}};
+  const std::vector<MaskCase> masks = test::pick(
+      mask_cases(), {"none", "causal", "causal_top_left", "key_padding", "sliding_window", "causal_and_padding"});
+  for (const Dims& s : sizes)
+    for (const MaskCase& mc : masks)
+      for (const FlashConfig& config : {FlashConfig{}, FlashConfig{5, 16}, FlashConfig{16, 48}}) {
+        SCOPED_TRACE("mask " + mc.name);
+        FlashCase c{s, {}, config, true, 7};
+        c.options.mask = mc.make(s);
+        check_forward(c);
+      }
+}
+
+// Every forward path gives the same bits for 1 and 2 threads (each row is one thread's work).
+TEST(AttentionFlashBf16, ForwardBitIdenticalAcrossThreadCounts) {
+  std::vector<FlashCase> cases = test::thread_count_cases();
+  FlashCase wide{{2, 77, 90, 3, 40, 24}, {}, {}, true, 3};
+  wide.options.mask = Mask::sliding_window(40, 5);
+  cases.push_back(wide);
+  for (const FlashCase& c : cases) {
+    SCOPED_TRACE(describe(c));
+    const Inputs in = make_inputs(c.s, c.seed, c.strided);
+    for (Bf16Isa isa : forward_paths()) {
+      ScopedIsa scoped(isa);
+      SCOPED_TRACE(attention_flash_bf16_path());
+      Outcome runs[2];
+      for (int threads : {1, 2}) {
+        test::ScopedThreads scoped_threads(threads);
+        runs[threads - 1] = run_bf16(in, c.options, c.config, false);
+      }
+      EXPECT_EQ(runs[0].out.to_vector(), runs[1].out.to_vector());
+      EXPECT_EQ(runs[0].lse.to_vector(), runs[1].lse.to_vector());
+    }
+  }
+}
+
+TEST(AttentionFlashBf16, ForwardVeryLargeLogits) {
+  for (const FlashCase& c : test::large_logits_cases()) check_forward(c);
+}
+
+// The AMX path is among the paths the tests above run, wherever the CPU has it.
+TEST(AttentionFlashBf16, AmxPathIsTested) {
+  if (!cpu_has_amx_bf16()) GTEST_SKIP() << "this CPU (or OS) has no AMX-BF16 tiles: amx_bf16 path not tested";
+  if (!bf16_amx_active()) GTEST_SKIP() << "CABM_NO_AMX or CABM_FORCE_PORTABLE set: amx_bf16 path not tested";
+  std::vector<std::string> names;
+  for (Bf16Isa isa : forward_paths()) {
+    ScopedIsa scoped(isa);
+    names.emplace_back(attention_flash_bf16_path());
+  }
+  EXPECT_NE(std::find(names.begin(), names.end(), "amx_bf16"), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "avx512_bf16"), names.end());
 }
 
 // --- backward ---------------------------------------------------------------------------------
