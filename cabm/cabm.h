@@ -20,7 +20,9 @@
 //              generate (cabm/train/generate.h); text data (cabm/io/text_data.h).
 //
 // Errors in your input (shapes, files, options) throw cabm::Error with a message that names
-// what was wrong.
+// what was wrong: cabm::UsageError for options out of range or contradicting each other,
+// cabm::OutOfMemory for an allocation the system refused (cabm/core/error.h). Untrusted
+// numbers are narrowed by cabm/core/checked.h (docs/reliability.md).
 #pragma once
 
 #include "cabm/core/error.h"

@@ -16,7 +16,9 @@
 // bf16 path that ran (avx512_bf16, avx2_fp32 or portable).
 #include "cli/bench_util.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "cabm/core/error.h"
+#include "cabm/core/memory.h"
 #include "cabm/core/rng.h"
 #include "cabm/core/tensor.h"
 #include "cabm/core/threads.h"
@@ -43,6 +45,13 @@ namespace {
 
 constexpr int64_t kWindow = 256;          // keys per query in the "window" case, own position included
 constexpr int64_t kReferenceMaxN = 2048;  // the reference is O(N·M) work per row and slow: skipped above
+// Flag ranges: far beyond a useful benchmark, small enough that B·N·H·d and B·H·N·N stay exact
+// in double and int64; memory is checked separately (validate).
+constexpr int64_t kMaxN = 1 << 20;
+constexpr int64_t kMaxHeadDim = 1024;
+constexpr int64_t kMaxHeads = 1024;
+constexpr int64_t kMaxBatch = 1 << 16;
+constexpr int64_t kMaxRepeats = 1 << 20;
 
 struct BenchFlags {
   std::vector<int64_t> n{256, 1024};
@@ -234,27 +243,32 @@ std::string mib(int64_t bytes) {
   return fmt::format("{:.1f}", static_cast<double>(bytes) / (1024.0 * 1024.0));
 }
 
+void check_mask(const std::string& m) {
+  if (m != "none" && m != "causal" && m != "window" && m != "bigbird")
+    throw Error(fmt::format("unknown mask '{}' (expected none, causal, window or bigbird)", m));
+}
+
+void check_precision(const std::string& p) {
+  if (p != "fp32" && p != "bf16" && p != "both")
+    throw Error(fmt::format("unknown precision '{}' (expected fp32, bf16 or both)", p));
+}
+
+// The flags' ranges are checked as they are parsed (register_bench); what remains is whether
+// the largest case fits in memory: q, k, v, out, dout and three gradients of B·N·H·d floats
+// (bf16 copies besides), and the reference kernel's B·H·N·N weights up to kReferenceMaxN.
 void validate(const BenchFlags& f) {
-  if (f.n.empty() || f.d.empty() || f.masks.empty()) throw Error("--n, --d and --masks need at least one value each");
-  for (int64_t n : f.n)
-    if (n < 1) throw Error(fmt::format("--n must be positive, got {}", n));
-  for (int64_t d : f.d)
-    if (d < 1) throw Error(fmt::format("--d must be positive, got {}", d));
-  if (f.heads < 1) throw Error(fmt::format("--heads must be positive, got {}", f.heads));
-  if (f.batch < 1) throw Error(fmt::format("--batch must be positive, got {}", f.batch));
-  if (f.repeats < 1) throw Error(fmt::format("--repeats must be positive, got {}", f.repeats));
-  for (const std::string& m : f.masks)
-    if (m != "none" && m != "causal" && m != "window" && m != "bigbird")
-      throw Error(fmt::format("--masks: unknown mask '{}' (expected none, causal, window or bigbird)", m));
-  if (f.precision != "fp32" && f.precision != "bf16" && f.precision != "both")
-    throw Error(fmt::format("--precision: unknown value '{}' (expected fp32, bf16 or both)", f.precision));
+  if (f.n.empty() || f.d.empty() || f.masks.empty())
+    throw UsageError("--n, --d and --masks need at least one value each");
+  const double n = static_cast<double>(*std::max_element(f.n.begin(), f.n.end()));
+  const double d = static_cast<double>(*std::max_element(f.d.begin(), f.d.end()));
+  const double bh = static_cast<double>(f.batch) * static_cast<double>(f.heads);
+  const double reference_n = std::min(n, static_cast<double>(kReferenceMaxN));
+  check_fits_in_memory(bh * n * d * 4 * (8 + (f.bf16() ? 3 : 0)) + bh * reference_n * reference_n * 4,
+                       fmt::format("bench attention --batch {} --heads {} --n {} --d {}", f.batch, f.heads, n, d));
 }
 
 void bench_attention(const BenchFlags& f) {
-  if (f.threads_option->count() > 0) {
-    if (f.threads < 1) throw Error(fmt::format("--threads must be at least 1, got {}", f.threads));
-    set_num_threads(f.threads);
-  }
+  apply_threads(f.threads_option, f.threads);
   validate(f);
   const double peak = measure_fma_peak();
   std::vector<Row> rows;
@@ -358,24 +372,29 @@ void register_bench(CLI::App& app) {
   CLI::App* cmd = bench->add_subcommand(
       "attention", "Time the flash attention kernel (and the reference) over sizes and masks: GFLOP/s, % of FMA peak");
   auto f = std::make_shared<BenchFlags>();
-  cmd->add_option("--n", f->n, "sequence lengths N = M (default 256 1024)")->delimiter(',');
-  cmd->add_option("--d", f->d, "head dims (default 64)")->delimiter(',');
+  cmd->add_option("--n", f->n, "sequence lengths N = M (default 256 1024)")
+      ->delimiter(',')
+      ->check(integer_in(1, kMaxN));
+  cmd->add_option("--d", f->d, "head dims (default 64)")->delimiter(',')->check(integer_in(1, kMaxHeadDim));
   cmd->add_option("--masks", f->masks,
                   "none, causal, window (256 keys, causal side), bigbird (blocks of 64); default all")
-      ->delimiter(',');
-  cmd->add_option("--heads", f->heads, "heads H (default 8)");
-  cmd->add_option("--batch", f->batch, "batch B (default 1)");
+      ->delimiter(',')
+      ->check(accepted_by(check_mask, "none, causal, window or bigbird"));
+  cmd->add_option("--heads", f->heads, "heads H (default 8)")->check(integer_in(1, kMaxHeads));
+  cmd->add_option("--batch", f->batch, "batch B (default 1)")->check(integer_in(1, kMaxBatch));
   cmd->add_option("--repeats", f->repeats,
-                  "timed calls per case, the median is reported (default 5; reference: at most 3)");
-  f->threads_option = cmd->add_option("--threads", f->threads, "threads (default: CABM_NUM_THREADS or all cores)");
+                  "timed calls per case, the median is reported (default 5; reference: at most 3)")
+      ->check(integer_in(1, kMaxRepeats));
+  f->threads_option = add_threads_option(cmd, f->threads);
   cmd->add_flag("--json", f->json, "machine-readable output (one JSON object)");
   cmd->add_option("--block-q", f->tiles.block_q, "flash tile: query rows (default: the kernels' choice)")
-      ->check(CLI::Range(int64_t{0}, int64_t{4096}));
+      ->check(integer_in(0, 4096));
   cmd->add_option("--block-k", f->tiles.block_k, "flash tile: keys (default: the kernels' choice)")
-      ->check(CLI::Range(int64_t{0}, int64_t{4096}));
+      ->check(integer_in(0, 4096));
   cmd->add_flag("--backward", f->backward, "also time the backward pass");
   cmd->add_option("--precision", f->precision,
-                  "fp32 (default), bf16 (attention_flash_bf16 kernels) or both (side by side, with the ratio)");
+                  "fp32 (default), bf16 (attention_flash_bf16 kernels) or both (side by side, with the ratio)")
+      ->check(accepted_by(check_precision, "fp32, bf16 or both"));
   cmd->callback([f] { bench_attention(*f); });
 }
 

@@ -12,8 +12,10 @@
 // path ran.
 #include "cli/bench_util.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "cli/progress.h"
 #include "cabm/core/error.h"
+#include "cabm/core/memory.h"
 #include "cabm/core/rng.h"
 #include "cabm/core/threads.h"
 #include "cabm/kernels/attention_flash_bf16.h"
@@ -80,10 +82,10 @@ void print_table_header() {
 }
 
 void set_threads(CLI::Option* option, int threads) {
-  if (option->count() == 0) return;
-  if (threads < 1) throw Error(fmt::format("--threads must be at least 1, got {}", threads));
-  set_num_threads(threads);
+  apply_threads(option, threads);
 }
+
+constexpr int64_t kMaxRepeats = 1 << 20;
 
 // ---------------------------------------------------------------------------------------------
 struct LayerFlags {
@@ -106,8 +108,15 @@ double relative_difference(const Tensor& a, const Tensor& b) {
 
 void bench_layer(const LayerFlags& f) {
   set_threads(f.threads_option, f.threads);
-  if (f.batch <= 0 || f.seq_len <= 0 || f.repeats <= 0)
-    throw Error("--batch, --seq-len and --repeats must be positive");
+  if (f.d_model % f.heads != 0)
+    throw UsageError(fmt::format("--d-model ({}) must be divisible by --heads ({})", f.d_model, f.heads));
+  // Two layers of parameters and gradients each; per precision a cache of at least 8E + 2F
+  // floats per token, and x, dy, dx.
+  const double tokens = static_cast<double>(f.batch) * static_cast<double>(f.seq_len);
+  const double E = static_cast<double>(f.d_model), F = static_cast<double>(f.d_ff);
+  check_fits_in_memory(4 * 4 * (4 * E * E + 2 * E * F) + 2 * tokens * 4 * (8 * E + 2 * F) + 3 * tokens * E * 4,
+                       fmt::format("bench layer --batch {} --seq-len {} --d-model {} --d-ff {}", f.batch, f.seq_len,
+                                   f.d_model, f.d_ff));
   Mask mask;
   if (f.mask == "causal")
     mask = Mask::causal();
@@ -139,7 +148,6 @@ void bench_layer(const LayerFlags& f) {
               static_cast<long long>(f.batch), static_cast<long long>(f.seq_len), static_cast<long long>(f.d_model),
               static_cast<long long>(f.heads), static_cast<long long>(f.d_ff), f.mask.c_str(), num_threads());
   print_paths();
-  const double tokens = static_cast<double>(f.batch * f.seq_len);
   const Paired forward = time_paired(
       f.repeats, [&] { encoder_layer_forward(fp32, x, mask, cache_fp32); },
       [&] { encoder_layer_forward(bf16, x, mask, cache_bf16); });
@@ -206,7 +214,6 @@ void bench_train_config(const char* name, TrainConfig c, int64_t steps) {
 
 void bench_train(const TrainBenchFlags& f) {
   set_threads(f.threads_option, f.threads);
-  if (f.steps <= 0) throw Error(fmt::format("--steps must be positive, got {}", f.steps));
   std::printf("cabm bench train: one optimizer step, fp32 vs bf16 mixed precision, %d threads\n", num_threads());
   print_paths();
   bench_train_config("default LM (cabm train)", default_train_config(TrainTask::kLanguageModel), f.steps);
@@ -231,27 +238,38 @@ void register_bench_model(CLI::App& app) {
   CLI::App* layer = bench->add_subcommand(
       "layer", "Time one encoder layer, forward and forward+backward, fp32 vs bf16 mixed precision");
   auto lf = std::make_shared<LayerFlags>();
-  layer->add_option("--batch", lf->batch, "batch B (default 8)");
-  layer->add_option("--seq-len", lf->seq_len, "sequence length N (default 256)");
-  layer->add_option("--d-model", lf->d_model, "model width E (default 256)");
-  layer->add_option("--heads", lf->heads, "heads H (default 4)");
-  layer->add_option("--d-ff", lf->d_ff, "feed-forward width F (default 1024)");
-  layer->add_option("--mask", lf->mask, "causal (default) or none");
-  layer->add_option("--repeats", lf->repeats, "timed calls of each precision, the median is reported (default 5)");
-  lf->threads_option = layer->add_option("--threads", lf->threads, "threads (default: CABM_NUM_THREADS or all cores)");
+  // The ranges of `cabm train`'s flags of the same meaning (cabm/train/train_config.h).
+  const auto range = [](const char* flag) { return integer_in(int_setting(flag).min, int_setting(flag).max); };
+  layer->add_option("--batch", lf->batch, "batch B (default 8)")->check(range("--batch-size"));
+  layer->add_option("--seq-len", lf->seq_len, "sequence length N (default 256)")->check(range("--seq-len"));
+  layer->add_option("--d-model", lf->d_model, "model width E (default 256)")->check(range("--d-model"));
+  layer->add_option("--heads", lf->heads, "heads H (default 4)")->check(range("--heads"));
+  layer->add_option("--d-ff", lf->d_ff, "feed-forward width F (default 1024)")->check(range("--d-ff"));
+  layer->add_option("--mask", lf->mask, "causal (default) or none")
+      ->check(accepted_by(
+          [](const std::string& m) {
+            if (m != "causal" && m != "none")
+              throw Error(fmt::format("unknown mask '{}' (expected none or causal)", m));
+          },
+          "causal or none"));
+  layer->add_option("--repeats", lf->repeats, "timed calls of each precision, the median is reported (default 5)")
+      ->check(integer_in(1, kMaxRepeats));
+  lf->threads_option = add_threads_option(layer, lf->threads);
   layer->callback([lf] { bench_layer(*lf); });
 
   CLI::App* train = bench->add_subcommand(
       "train", "Time one training step (tokens/s) of the default LM and of a configured one, fp32 vs bf16");
   auto tf = std::make_shared<TrainBenchFlags>();
-  train->add_option("--layers", tf->layers, "configured LM: layers (default 4)");
-  train->add_option("--d-model", tf->d_model, "configured LM: width E (default 256)");
-  train->add_option("--heads", tf->heads, "configured LM: heads (default 4)");
-  train->add_option("--d-ff", tf->d_ff, "configured LM: feed-forward width (default 1024)");
-  train->add_option("--seq-len", tf->seq_len, "configured LM: context (default 256)");
-  train->add_option("--batch-size", tf->batch_size, "configured LM: sequences per step (default 8)");
-  train->add_option("--steps", tf->steps, "timed steps of each precision, the median is reported (default 6)");
-  tf->threads_option = train->add_option("--threads", tf->threads, "threads (default: CABM_NUM_THREADS or all cores)");
+  train->add_option("--layers", tf->layers, "configured LM: layers (default 4)")->check(range("--layers"));
+  train->add_option("--d-model", tf->d_model, "configured LM: width E (default 256)")->check(range("--d-model"));
+  train->add_option("--heads", tf->heads, "configured LM: heads (default 4)")->check(range("--heads"));
+  train->add_option("--d-ff", tf->d_ff, "configured LM: feed-forward width (default 1024)")->check(range("--d-ff"));
+  train->add_option("--seq-len", tf->seq_len, "configured LM: context (default 256)")->check(range("--seq-len"));
+  train->add_option("--batch-size", tf->batch_size, "configured LM: sequences per step (default 8)")
+      ->check(range("--batch-size"));
+  train->add_option("--steps", tf->steps, "timed steps of each precision, the median is reported (default 6)")
+      ->check(integer_in(1, kMaxRepeats));
+  tf->threads_option = add_threads_option(train, tf->threads);
   train->callback([tf] { bench_train(*tf); });
 }
 

@@ -2,6 +2,7 @@
 // byte and bits per character on the held-out split of its training data, or on a whole
 // --data FILE. A classifier: loss, accuracy and confusion matrix on held-out words.
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "cli/progress.h"
 #include "cabm/core/error.h"
 #include "cabm/core/threads.h"
@@ -10,6 +11,7 @@
 #include "cabm/io/word_lists.h"
 #include "cabm/nn/parameters.h"
 #include "cabm/train/checkpoint.h"
+#include "cabm/train/json_reader.h"
 #include "cabm/train/langid_trainer.h"
 #include "cabm/train/lm_trainer.h"
 #include "cabm/train/model_config.h"
@@ -21,6 +23,18 @@
 namespace cabm::cli {
 
 namespace {
+
+// Windows (or words) per forward pass: each holds B·T·V logits, so beyond this the pass is
+// larger than any useful batch.
+constexpr int64_t kMaxEvalBatch = 4096;
+
+// The training data recorded in state.json ("" = fortunes, also when there is no state).
+std::string saved_data(const LoadedCheckpoint& checkpoint) {
+  const JsonReader state(checkpoint.state, state_file_path(checkpoint));
+  if (!state.has("config")) return "";
+  const JsonReader config = state.object("config");
+  return config.has("data") ? config.string("data") : "";
+}
 
 struct EvalFlags {
   std::string checkpoint, data;
@@ -45,8 +59,7 @@ void eval_lm(const EvalFlags& f, const LoadedCheckpoint& checkpoint) {
     text = read_utf8_file(f.data);
     what = fmt::format("{} (whole file)", f.data);
   } else {
-    const auto config = checkpoint.state.value("config", nlohmann::json::object());
-    const std::string data = config.value("data", std::string());
+    const std::string data = saved_data(checkpoint);
     TextSplit split = data.empty() ? load_fortunes() : load_text_file(data);
     text = std::move(split.validation);
     what = fmt::format("held-out split of {}", split.source);
@@ -59,7 +72,7 @@ void eval_lm(const EvalFlags& f, const LoadedCheckpoint& checkpoint) {
   const double bits_per_byte = loss / std::log(2.0);
   const double bytes_per_char = static_cast<double>(text.size()) / static_cast<double>(count_code_points(text));
   std::printf("checkpoint %s, step %lld\n", checkpoint.dir.c_str(),
-              static_cast<long long>(checkpoint.state.value("step", int64_t{0})));
+              static_cast<long long>(checkpoint_step(checkpoint)));
   std::printf("data: %s: %s bytes, %lld windows of %lld\n", what.c_str(),
               format_count(static_cast<double>(text.size())).c_str(), static_cast<long long>(used),
               static_cast<long long>(T));
@@ -74,13 +87,14 @@ void eval_langid(const EvalFlags& f, const LoadedCheckpoint& checkpoint) {
   const ClassifierConfig& config = model.config;
   WordListOptions options;
   options.max_bytes = config.max_seq_len;
-  const auto train_config = checkpoint.state.value("config", nlohmann::json::object());
-  options.validation_per_language = train_config.value("eval_windows", options.validation_per_language);
+  const JsonReader state(checkpoint.state, state_file_path(checkpoint));
+  if (state.has("config") && state.object("config").has("eval_windows"))
+    options.validation_per_language = state.object("config").integer("eval_windows", 1, kMaxCount);
   const WordDataset data = load_word_lists(default_word_lists(), options);
   if (data.languages != labels) throw Error(fmt::format("{}: its classes differ from the word lists'", checkpoint.dir));
   const ClassifierEval result = evaluate_classifier(model, data, config.max_seq_len, 256);
   std::printf("checkpoint %s, step %lld\n", checkpoint.dir.c_str(),
-              static_cast<long long>(checkpoint.state.value("step", int64_t{0})));
+              static_cast<long long>(checkpoint_step(checkpoint)));
   std::printf("validation loss %.4f | accuracy %.2f%% (%zu held-out words per language)\n", result.loss,
               100.0 * result.accuracy, data.validation.front().size());
   std::printf("%s", format_confusion(labels, result.confusion).c_str());
@@ -96,16 +110,13 @@ void register_eval(CLI::App& app) {
       ->required();
   f->data_option = cmd->add_option(
       "--data", f->data, "UTF-8 text file to evaluate on, whole (default: the held-out split of the training data)");
-  cmd->add_option("--max-windows", f->max_windows, "evaluate at most this many windows (default: all)");
-  cmd->add_option("--batch-size", f->batch_size, "windows per forward pass (default 16)");
-  f->threads_option = cmd->add_option("--threads", f->threads, "threads (default: CABM_NUM_THREADS or all cores)");
+  cmd->add_option("--max-windows", f->max_windows, "evaluate at most this many windows (default: all)")
+      ->check(integer_in(0, kInt64Max));
+  cmd->add_option("--batch-size", f->batch_size, "windows per forward pass (default 16)")
+      ->check(integer_in(1, kMaxEvalBatch));
+  f->threads_option = add_threads_option(cmd, f->threads);
   cmd->callback([f] {
-    if (f->threads_option->count() > 0) {
-      if (f->threads < 1) throw Error(fmt::format("--threads must be at least 1, got {}", f->threads));
-      set_num_threads(f->threads);
-    }
-    if (f->batch_size < 1) throw Error(fmt::format("--batch-size must be positive, got {}", f->batch_size));
-    if (f->max_windows < 0) throw Error(fmt::format("--max-windows must be >= 0, got {}", f->max_windows));
+    apply_threads(f->threads_option, f->threads);
     const LoadedCheckpoint checkpoint = load_checkpoint(f->checkpoint, false);
     const std::string kind = model_kind(checkpoint.model);
     if (kind == "CausalLM")

@@ -2,6 +2,7 @@
 // MultiheadAttention state_dict on inputs from a safetensors file (the contract in DESIGN.md
 // and docs/forward.md).
 #include "cli/commands.h"
+#include "cli/flags.h"
 
 #include "cabm/core/threads.h"
 #include "cabm/interop/pytorch_modules.h"
@@ -24,6 +25,7 @@ struct ForwardArgs {
   std::string output;
   std::string precision = "fp32";
   int threads = 0;
+  CLI::Option* threads_option = nullptr;
 };
 
 enum class ModuleKind { kEncoder, kEncoderLayer, kMultiheadAttention };
@@ -45,6 +47,25 @@ ModuleKind module_kind(const SafetensorsFile& model) {
   throw Error(fmt::format("{}: cannot tell the module: set metadata 'module' (TransformerEncoder, "
                           "TransformerEncoderLayer or MultiheadAttention)",
                           model.path));
+}
+
+// Every tensor and metadata key of the input must be one the module takes: another module's
+// mask name (an encoder given MultiheadAttention's attn_mask) or a misspelling would otherwise
+// be ignored, and the module run unmasked with exit status 0. "format" is the safetensors
+// convention ({"format": "pt"}) that Hugging Face tools write into every file.
+void check_input_names(const SafetensorsFile& in, const std::string& module, const std::vector<std::string>& tensors,
+                       const std::vector<std::string>& metadata) {
+  const auto list = [](const std::vector<std::string>& names) {
+    std::string out;
+    for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+    return out;
+  };
+  for (const auto& [name, tensor] : in.tensors)
+    if (std::find(tensors.begin(), tensors.end(), name) == tensors.end())
+      throw Error(fmt::format("{}: unexpected tensor '{}': a {} takes {}", in.path, name, module, list(tensors)));
+  for (const auto& [key, value] : in.metadata)
+    if (key != "format" && std::find(metadata.begin(), metadata.end(), key) == metadata.end())
+      throw Error(fmt::format("{}: unexpected metadata '{}': a {} takes {}", in.path, key, module, list(metadata)));
 }
 
 const Tensor& input_activation(const SafetensorsFile& in, const std::string& name, int64_t width) {
@@ -90,6 +111,8 @@ Mask encoder_mask(const SafetensorsFile& in, int64_t B, int64_t H, int64_t N) {
 
 std::map<std::string, Tensor> run_encoder(const SafetensorsFile& model, const SafetensorsFile& in, bool single_layer,
                                           Precision precision) {
+  check_input_names(in, single_layer ? "TransformerEncoderLayer" : "TransformerEncoder",
+                    {"src", "mask", "src_key_padding_mask"}, {"is_causal"});
   std::map<std::string, Tensor> out;
   if (single_layer) {
     EncoderLayer layer = encoder_layer_from_state_dict(model, "");
@@ -118,6 +141,8 @@ std::map<std::string, Tensor> run_encoder(const SafetensorsFile& model, const Sa
 
 std::map<std::string, Tensor> run_attention(const SafetensorsFile& model, const SafetensorsFile& in,
                                             Precision precision) {
+  check_input_names(in, "MultiheadAttention", {"query", "key", "value", "attn_mask", "key_padding_mask"},
+                    {"need_weights", "average_attn_weights", "is_causal"});
   const MetadataReader model_meta{model}, in_meta{in};
   MultiHeadAttention mha = multi_head_attention_from_state_dict(model, "", model_meta.get_int("nhead"));
   set_precision(mha, precision);
@@ -153,7 +178,7 @@ std::map<std::string, Tensor> run_attention(const SafetensorsFile& model, const 
 }
 
 void run_forward(const ForwardArgs& args) {
-  if (args.threads > 0) set_num_threads(args.threads);
+  apply_threads(args.threads_option, args.threads);
   const Precision precision = parse_precision(args.precision);
   const SafetensorsFile model = read_safetensors(args.model);
   const SafetensorsFile in = read_safetensors(args.input);
@@ -174,11 +199,11 @@ void register_forward(CLI::App& app) {
   cmd->add_option("--input", args->input, "safetensors file with the inputs (src or query/key/value, masks)")
       ->required();
   cmd->add_option("--output", args->output, "safetensors file to write: output (and attn_weights)")->required();
-  cmd->add_option("--threads", args->threads, "threads (default: CABM_NUM_THREADS or all cores)")
-      ->check(CLI::PositiveNumber);
+  args->threads_option = add_threads_option(cmd, args->threads);
   cmd->add_option("--precision", args->precision,
                   "fp32 (default: PyTorch's numbers) or bf16: weights rounded to bf16 copies, bf16 matrix products "
-                  "and attention with fp32 accumulation (need_weights: fp32 reference on bf16-rounded Q, K, V)");
+                  "and attention with fp32 accumulation (need_weights: fp32 reference on bf16-rounded Q, K, V)")
+      ->check(accepted_by([](const std::string& s) { parse_precision(s); }, "fp32 or bf16"));
   cmd->callback([args] { run_forward(*args); });
 }
 

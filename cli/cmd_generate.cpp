@@ -1,6 +1,7 @@
 // `cabm generate`: sample text from a trained causal LM checkpoint, streamed as it is
 // generated (one incremental KV-cache step per byte).
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "cli/progress.h"
 #include "cabm/core/error.h"
 #include "cabm/core/threads.h"
@@ -11,6 +12,8 @@
 #include "cabm/nn/parameters.h"
 #include "cabm/train/checkpoint.h"
 #include "cabm/train/generate.h"
+#include "cabm/train/json_reader.h"
+#include "cabm/train/train_config.h"
 #include "cabm/train/model_config.h"
 
 #include <cstdio>
@@ -41,22 +44,20 @@ void register_generate(CLI::App& app) {
       ->required();
   f->prompt_option =
       cmd->add_option("--prompt", f->prompt, "text to continue (default: the start of a new fortune / line)");
-  cmd->add_option("--tokens", f->tokens, "bytes to generate (default 500)");
-  cmd->add_option("--temperature", f->temperature, "sampling temperature; 0 = greedy (default 0.8)");
-  cmd->add_option("--top-k", f->top_k, "sample among the k most likely bytes only; 0 = all (default 0)");
-  cmd->add_option("--seed", f->seed, "sampling seed (default 1)");
-  f->threads_option = cmd->add_option("--threads", f->threads, "threads (default: CABM_NUM_THREADS or all cores)");
+  cmd->add_option("--tokens", f->tokens, "bytes to generate (default 500)")->check(integer_in(0, kMaxCount));
+  // Temperatures below ~1e-30 overflow exp(logit / t) in float; 0 is greedy.
+  cmd->add_option("--temperature", f->temperature, "sampling temperature; 0 = greedy (default 0.8)")
+      ->check(real_in({0, 1e6}));
+  cmd->add_option("--top-k", f->top_k, "sample among the k most likely bytes only; 0 = all (default 0)")
+      ->check(integer_in(0, kInt64Max));
+  cmd->add_option("--seed", f->seed, "sampling seed (default 1)")->check(any_unsigned());
+  f->threads_option = add_threads_option(cmd, f->threads);
   cmd->add_option("--precision", f->precision,
-                  "fp32 (default) or bf16: bf16 weight copies and matrix products, bf16 KV cache (half the memory)");
+                  "fp32 (default) or bf16: bf16 weight copies and matrix products, bf16 KV cache (half the memory)")
+      ->check(accepted_by([](const std::string& s) { parse_precision(s); }, "fp32 or bf16"));
 
   cmd->callback([f] {
-    if (f->threads_option->count() > 0) {
-      if (f->threads < 1) throw Error(fmt::format("--threads must be at least 1, got {}", f->threads));
-      set_num_threads(f->threads);
-    }
-    if (f->tokens < 0) throw Error(fmt::format("--tokens must be >= 0, got {}", f->tokens));
-    if (!(f->temperature >= 0.0f)) throw Error(fmt::format("--temperature must be >= 0, got {}", f->temperature));
-    if (f->top_k < 0) throw Error(fmt::format("--top-k must be >= 0, got {}", f->top_k));
+    apply_threads(f->threads_option, f->threads);
     const Precision precision = parse_precision(f->precision);
     const LoadedCheckpoint checkpoint = load_checkpoint(f->checkpoint, false);
     CausalLM model = load_causal_lm(checkpoint.model);
@@ -70,8 +71,10 @@ void register_generate(CLI::App& app) {
       prompt = f->prompt;
     } else {
       // Trained on fortunes (entries end with "\n%\n"): start a new entry; otherwise a new line.
-      const auto config = checkpoint.state.value("config", nlohmann::json::object());
-      prompt = config.value("data", std::string()).empty() ? "%\n" : "\n";
+      const JsonReader state(checkpoint.state, state_file_path(checkpoint));
+      const bool fortunes = !state.has("config") || !state.object("config").has("data") ||
+                            state.object("config").string("data").empty();
+      prompt = fortunes ? "%\n" : "\n";
     }
     if (user_prompt) {
       std::fwrite(prompt.data(), 1, prompt.size(), stdout);

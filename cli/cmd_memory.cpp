@@ -5,7 +5,9 @@
 // explains the numbers.
 #include "cli/bench_util.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "cabm/core/error.h"
+#include "cabm/core/memory.h"
 #include "cabm/core/rng.h"
 #include "cabm/core/tensor.h"
 #include "cabm/core/threads.h"
@@ -13,6 +15,7 @@
 #include "cabm/nn/init.h"
 #include "cabm/nn/parameters.h"
 #include "cabm/train/lm_trainer.h"
+#include "cabm/train/model_config.h"
 #include "cabm/train/train_config.h"
 
 #include <fmt/format.h>
@@ -36,7 +39,8 @@ struct MemoryFlags {
   CLI::Option* threads_option = nullptr;
 };
 
-constexpr int64_t kF32 = 4;
+constexpr double kF32 = 4;
+constexpr int64_t kMaxVocab = 1 << 24;
 
 std::string human(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -48,38 +52,46 @@ std::string human(double bytes) {
   return u == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.2f} {}", bytes, units[u]);
 }
 
+// Byte counts are doubles: the estimate is printed before anything is checked against memory,
+// and B·H·N·N·L for large flags is beyond int64.
 struct Item {
   std::string name, shape;
-  int64_t bytes;
+  double bytes;
 };
 
-int64_t print_items(const char* title, const std::vector<Item>& items, int64_t multiplier = 1) {
-  int64_t total = 0;
+double print_items(const char* title, const std::vector<Item>& items, int64_t multiplier = 1) {
+  double total = 0;
   for (const Item& i : items) total += i.bytes;
-  std::printf("%s: %s%s\n", title, human(static_cast<double>(total * multiplier)).c_str(),
-              multiplier > 1 ? fmt::format(" ({} x {})", multiplier, human(static_cast<double>(total))).c_str() : "");
+  std::printf("%s: %s%s\n", title, human(total * static_cast<double>(multiplier)).c_str(),
+              multiplier > 1 ? fmt::format(" ({} x {})", multiplier, human(total)).c_str() : "");
   for (const Item& i : items)
-    std::printf("    %-32s %-18s %12s\n", i.name.c_str(), i.shape.c_str(), human(static_cast<double>(i.bytes)).c_str());
-  return total * multiplier;
+    std::printf("    %-32s %-18s %12s\n", i.name.c_str(), i.shape.c_str(), human(i.bytes).c_str());
+  return total * static_cast<double>(multiplier);
 }
 
 void run_memory(const MemoryFlags& f) {
-  if (f.threads_option->count() > 0) {
-    if (f.threads < 1) throw Error(fmt::format("--threads must be at least 1, got {}", f.threads));
-    set_num_threads(f.threads);
-  }
+  apply_threads(f.threads_option, f.threads);
   validate(f.train);
-  if (f.vocab < 1) throw Error(fmt::format("--vocab must be positive, got {}", f.vocab));
   CausalLMConfig mc = lm_model_config(f.train);
   mc.vocab_size = f.vocab;
   const int64_t L = mc.num_layers, E = mc.d_model, H = mc.nhead, F = mc.dim_feedforward, V = mc.vocab_size;
-  const int64_t B = f.train.batch_size, N = f.train.seq_len, BN = B * N;
+  const int64_t B = f.train.batch_size, N = f.train.seq_len;
+  const double BN = static_cast<double>(B) * static_cast<double>(N);
 
   std::printf("causal LM: L %lld, E %lld, H %lld (d %lld), F %lld, V %lld, T %lld, B %lld, %s, fp32\n",
               static_cast<long long>(L), static_cast<long long>(E), static_cast<long long>(H),
               static_cast<long long>(E / H), static_cast<long long>(F), static_cast<long long>(V),
               static_cast<long long>(N), static_cast<long long>(B), mc.norm_first ? "pre-norm" : "post-norm");
   std::printf("\nESTIMATE (from the shapes the code allocates)\n");
+
+  // The measured step below allocates the model, its gradients and the step's activations:
+  // refuse it before anything is allocated when that cannot fit (lower bounds: per token and
+  // layer 8E + 2F saved floats, the logits and their gradient).
+  check_fits_in_memory(2 * cabm::parameter_count(mc) * kF32 +
+                           BN * kF32 * (static_cast<double>(L) * (8.0 * E + 2.0 * F) + 2.0 * V),
+                       fmt::format("the measured step of --layers {} --d-model {} --d-ff {} --vocab {} --seq-len {} "
+                                   "--batch-size {}",
+                                   L, E, F, V, N, B));
 
   // Parameters: counted from the model itself, so the names and shapes are the real ones.
   const int64_t base_rss = current_rss_bytes();
@@ -89,7 +101,7 @@ void run_memory(const MemoryFlags& f) {
   CausalLM grads = make_causal_lm(mc);
   const NamedTensors params = named_parameters(model);
   const int64_t P = parameter_count(params);
-  const int64_t param_bytes = P * kF32;
+  const double param_bytes = static_cast<double>(P) * kF32;
   std::printf("parameters: %lld = %s\n", static_cast<long long>(P), human(static_cast<double>(param_bytes)).c_str());
   std::printf("gradients: %s (one fp32 per parameter)\n", human(static_cast<double>(param_bytes)).c_str());
   std::printf("AdamW state: %s (m and v: 2 x parameters; allocated by the optimizer, not in the step below)\n",
@@ -110,7 +122,7 @@ void run_memory(const MemoryFlags& f) {
       {"ffn_out", bne, BN * E * kF32},
       {"output", bne, BN * E * kF32},
   };
-  const int64_t activations = print_items("saved activations per layer (x L)", layer, L);
+  const double activations = print_items("saved activations per layer (x L)", layer, L);
   std::vector<Item> model_level = {
       {"tokens (I64)", fmt::format("[{},{}]", B, N), BN * 8},
       {"embedded", bne, BN * E * kF32},
@@ -119,7 +131,7 @@ void run_memory(const MemoryFlags& f) {
       {"dlogits", fmt::format("[{},{},{}]", B, N, V), BN * V * kF32},
       {"loss lse", fmt::format("[{}]", BN), BN * kF32},
   };
-  const int64_t model_activations = print_items("model-level activations", model_level);
+  const double model_activations = print_items("model-level activations", model_level);
   std::vector<Item> scratch = {
       {"d_a, d_b (encoder)", fmt::format("2 x {}", bne), 2 * BN * E * kF32},
       {"attn.d_attn", bne, BN * E * kF32},
@@ -127,10 +139,10 @@ void run_memory(const MemoryFlags& f) {
       {"ffn.d_hidden", fmt::format("[{},{}]", BN, F), BN * F * kF32},
       {"d_hidden (model)", bne, BN * E * kF32},
   };
-  const int64_t scratch_bytes = print_items("backward scratch (one set, moved from layer to layer)", scratch);
+  const double scratch_bytes = print_items("backward scratch (one set, moved from layer to layer)", scratch);
 
-  const int64_t scores = B * H * N * N * kF32;
-  const int64_t lse = B * H * N * kF32;
+  const double scores = static_cast<double>(B * H) * static_cast<double>(N) * static_cast<double>(N) * kF32;
+  const double lse = static_cast<double>(B * H * N) * kF32;
   std::printf("attention scores/weights per layer:\n");
   std::printf(
       "    reference path (N x N weights A per head, kept for backward as PyTorch does): B*H*N*N*4 = %s per layer, "
@@ -138,7 +150,7 @@ void run_memory(const MemoryFlags& f) {
       human(static_cast<double>(scores)).c_str(), human(static_cast<double>(scores * L)).c_str());
   std::printf("    tiled (flash) path, used here: only lse B*H*N*4 = %s per layer (counted above)\n",
               human(static_cast<double>(lse)).c_str());
-  const int64_t step_estimate = 2 * param_bytes + activations + model_activations + scratch_bytes;
+  const double step_estimate = 2 * param_bytes + activations + model_activations + scratch_bytes;
   std::printf("estimated step total (params + grads + activations + scratch): %s\n",
               human(static_cast<double>(step_estimate)).c_str());
   std::printf("  with the reference path's N x N weights saved: %s; with AdamW state: %s\n",
@@ -155,8 +167,8 @@ void run_memory(const MemoryFlags& f) {
   Tensor tokens = Tensor::empty({B, N}, DType::I64), targets = Tensor::empty({B, N}, DType::I64);
   int64_t* tok = tokens.data<int64_t>();
   int64_t* tgt = targets.data<int64_t>();
-  for (int64_t n = 0; n < BN; ++n) tok[n] = static_cast<int64_t>(rng.next_u32() % static_cast<uint32_t>(V));
-  for (int64_t n = 0; n < BN; ++n) tgt[n] = static_cast<int64_t>(rng.next_u32() % static_cast<uint32_t>(V));
+  for (int64_t n = 0; n < B * N; ++n) tok[n] = static_cast<int64_t>(rng.next_u32() % static_cast<uint32_t>(V));
+  for (int64_t n = 0; n < B * N; ++n) tgt[n] = static_cast<int64_t>(rng.next_u32() % static_cast<uint32_t>(V));
   const auto t0 = std::chrono::steady_clock::now();
   CausalLMCache cache;
   ForwardMode mode;
@@ -183,14 +195,19 @@ void register_memory(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "memory", "Where a causal LM's training memory goes: estimate by tensor, then one measured training step");
   auto f = std::make_shared<MemoryFlags>();
-  cmd->add_option("--layers", f->train.layers, "encoder layers L (default 4)");
-  cmd->add_option("--d-model", f->train.d_model, "model width E (default 128)");
-  cmd->add_option("--heads", f->train.heads, "attention heads H (default 4)");
-  cmd->add_option("--d-ff", f->train.d_ff, "feed-forward width F (default 512)");
-  cmd->add_option("--vocab", f->vocab, "vocabulary size V (default 256, bytes)");
-  cmd->add_option("--seq-len", f->train.seq_len, "sequence length T = N (default 128)");
-  cmd->add_option("--batch-size", f->train.batch_size, "sequences per batch B (default 16)");
-  f->threads_option = cmd->add_option("--threads", f->threads, "threads (default: CABM_NUM_THREADS or all cores)");
+  // The ranges of `cabm train`'s flags of the same names (cabm/train/train_config.h).
+  const auto add_int = [&](const char* flag, int64_t& value, const char* help) {
+    const IntSetting& s = int_setting(flag);
+    cmd->add_option(flag, value, help)->check(integer_in(s.min, s.max));
+  };
+  add_int("--layers", f->train.layers, "encoder layers L (default 4)");
+  add_int("--d-model", f->train.d_model, "model width E (default 128)");
+  add_int("--heads", f->train.heads, "attention heads H (default 4)");
+  add_int("--d-ff", f->train.d_ff, "feed-forward width F (default 512)");
+  cmd->add_option("--vocab", f->vocab, "vocabulary size V (default 256, bytes)")->check(integer_in(1, kMaxVocab));
+  add_int("--seq-len", f->train.seq_len, "sequence length T = N (default 128)");
+  add_int("--batch-size", f->train.batch_size, "sequences per batch B (default 16)");
+  f->threads_option = add_threads_option(cmd, f->threads);
   cmd->callback([f] { run_memory(*f); });
 }
 

@@ -2,6 +2,7 @@
 // fortunes corpus) and, with --task langid, the encoder demo (language identification of
 // single words). Periodic validation and checkpoints; --resume continues a run bit for bit.
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "cli/progress.h"
 #include "cabm/core/error.h"
 #include "cabm/core/threads.h"
@@ -187,64 +188,65 @@ void register_train(CLI::App& app) {
                                      "language identifier (--task langid)");
   auto f = std::make_shared<Flags>();
   auto& o = f->options;
+  // Ranges: cabm/train/train_config.h (int_settings, real_settings), so that a flag, a library
+  // call and a resumed state.json are held to the same ones.
+  const auto add_int = [&](const char* flag, int64_t& value, const std::string& help) {
+    const IntSetting& s = int_setting(flag);
+    o[flag] = cmd->add_option(flag, value, help)->check(integer_in(s.min, s.max));
+  };
+  const auto add_real = [&](const char* flag, auto& value, const std::string& help) {
+    o[flag] = cmd->add_option(flag, value, help)->check(real_in(real_setting(flag).range));
+  };
   o["--task"] =
-      cmd->add_option("--task", f->task, "lm (default): causal LM on text; langid: classify words by language");
+      cmd->add_option("--task", f->task, "lm (default): causal LM on text; langid: classify words by language")
+          ->check(accepted_by([](const std::string& s) { parse_task(s); }, "lm or langid"));
   o["--data"] = cmd->add_option(
       "--data", f->data, "UTF-8 text file to train on (default: the fortunes corpus in /usr/share/games/fortunes)");
   o["--out"] = cmd->add_option("--out", f->out, "run directory for checkpoints (default runs/lm or runs/langid)");
   o["--init"] = cmd->add_option("--init", f->init, "safetensors file of initial weights (PyTorch names)");
   o["--resume"] = cmd->add_flag("--resume", f->resume, "continue the run saved in --out");
-  o["--steps"] = cmd->add_option("--steps", f->steps, "optimizer steps (default: lm 1800, langid 1500)");
-  o["--batch-size"] =
-      cmd->add_option("--batch-size", f->batch_size, "sequences (words) per micro-batch (default: lm 16, langid 64)");
-  o["--seq-len"] = cmd->add_option("--seq-len", f->seq_len,
-                                   "context length in bytes (langid: longest word; default: lm 64, langid 24)");
-  o["--accum"] = cmd->add_option("--accum", f->accum, "micro-batches accumulated per optimizer step (default 1)");
-  o["--layers"] = cmd->add_option("--layers", f->layers, "encoder layers (default: lm 4, langid 2)");
-  o["--heads"] = cmd->add_option("--heads", f->heads, "attention heads (default 4)");
-  o["--d-model"] = cmd->add_option("--d-model", f->d_model, "model width E (default: lm 128, langid 64)");
-  o["--d-ff"] = cmd->add_option("--d-ff", f->d_ff, "feed-forward width F (default: lm 512, langid 256)");
-  o["--dropout"] = cmd->add_option("--dropout", f->dropout, "dropout probability (default: lm 0, langid 0.1)");
+  add_int("--steps", f->steps, "optimizer steps (default: lm 1800, langid 1500)");
+  add_int("--batch-size", f->batch_size, "sequences (words) per micro-batch (default: lm 16, langid 64)");
+  add_int("--seq-len", f->seq_len, "context length in bytes (langid: longest word; default: lm 64, langid 24)");
+  add_int("--accum", f->accum, "micro-batches accumulated per optimizer step (default 1)");
+  add_int("--layers", f->layers, "encoder layers (default: lm 4, langid 2)");
+  add_int("--heads", f->heads, "attention heads (default 4)");
+  add_int("--d-model", f->d_model, "model width E (default: lm 128, langid 64)");
+  add_int("--d-ff", f->d_ff, "feed-forward width F (default: lm 512, langid 256)");
+  add_real("--dropout", f->dropout, "dropout probability (default: lm 0, langid 0.1)");
   o["--post-norm"] = cmd->add_flag("--post-norm,!--pre-norm", f->post_norm,
                                    "post-norm layers (the seed's; langid default) instead of pre-norm (lm default)");
-  o["--lr"] = cmd->add_option(
-      "--lr", f->lr, "peak learning rate (default 2e-3); for --schedule warmup the scale is lr*sqrt(E*warmup)");
-  o["--schedule"] = cmd->add_option("--schedule", f->schedule,
-                                    "cosine (default: linear warm-up, cosine decay to 0.1 lr), warmup (the seed's "
-                                    "E^-0.5 min(t^-0.5, t warmup^-1.5)), constant");
-  o["--warmup"] = cmd->add_option("--warmup", f->warmup, "warm-up steps (default 100)");
-  o["--min-lr-ratio"] =
-      cmd->add_option("--min-lr-ratio", f->min_lr_ratio, "cosine: final lr as a fraction of --lr (default 0.1)");
-  o["--weight-decay"] =
-      cmd->add_option("--weight-decay", f->weight_decay, "AdamW decoupled weight decay on matrices (default 0.01)");
-  o["--clip"] = cmd->add_option("--clip", f->clip, "max global gradient norm, 0 disables (default 1.0)");
+  add_real("--lr", f->lr, "peak learning rate (default 2e-3); for --schedule warmup the scale is lr*sqrt(E*warmup)");
+  o["--schedule"] =
+      cmd->add_option("--schedule", f->schedule,
+                      "cosine (default: linear warm-up, cosine decay to 0.1 lr), warmup (the seed's "
+                      "E^-0.5 min(t^-0.5, t warmup^-1.5)), constant")
+          ->check(accepted_by([](const std::string& s) { parse_schedule(s); }, "cosine, warmup or constant"));
+  add_int("--warmup", f->warmup, "warm-up steps (default 100)");
+  add_real("--min-lr-ratio", f->min_lr_ratio, "cosine: final lr as a fraction of --lr (default 0.1)");
+  add_real("--weight-decay", f->weight_decay, "AdamW decoupled weight decay on matrices (default 0.01)");
+  add_real("--clip", f->clip, "max global gradient norm, 0 disables (default 1.0)");
   o["--seed"] = cmd->add_option("--seed", f->seed,
-                                "seed for initialisation, data order, dropout and the final sample (default 1337)");
-  o["--threads"] = cmd->add_option("--threads", f->threads, "threads (default: CABM_NUM_THREADS or all cores)");
+                                "seed for initialisation, data order, dropout and the final sample (default 1337)")
+                    ->check(any_unsigned());
+  o["--threads"] = add_threads_option(cmd, f->threads);
   o["--precision"] = cmd->add_option("--precision", f->precision,
                                      "fp32 (default) or bf16: bf16 matrix products and attention with fp32 "
-                                     "accumulation, fp32 master weights, optimizer state and checkpoints");
-  o["--eval-interval"] =
-      cmd->add_option("--eval-interval", f->eval_interval,
-                      "steps between validations and checkpoints (default: lm 250, langid 500; 0: at the end)");
-  o["--eval-windows"] = cmd->add_option(
-      "--eval-windows", f->eval_windows,
-      "lm: validation windows of --seq-len bytes (default 64); langid: held-out words per language (default 2000)");
-  o["--checkpoint-interval"] = cmd->add_option("--checkpoint-interval", f->checkpoint_interval,
-                                               "steps between checkpoints (default: --eval-interval)");
-  o["--keep"] = cmd->add_option("--keep", f->keep, "checkpoints kept in --out (default 2)");
-  o["--log-interval"] = cmd->add_option("--log-interval", f->log_interval,
-                                        "steps between log lines when not on a terminal (default: lm 50, langid 100)");
-  o["--stop-at"] = cmd->add_option("--stop-at", f->stop_at,
-                                   "stop with a checkpoint after this step, as if interrupted (--resume continues)");
-  o["--sample-tokens"] = cmd->add_option("--sample-tokens", f->sample_tokens,
-                                         "lm: bytes of text sampled at the end (default 300; 0: none)");
+                                     "accumulation, fp32 master weights, optimizer state and checkpoints")
+                         ->check(accepted_by([](const std::string& s) { parse_precision(s); }, "fp32 or bf16"));
+  add_int("--eval-interval", f->eval_interval,
+          "steps between validations and checkpoints (default: lm 250, langid 500; 0: at the end)");
+  add_int("--eval-windows", f->eval_windows,
+          "lm: validation windows of --seq-len bytes (default 64); langid: held-out words per language (default 2000)");
+  add_int("--checkpoint-interval", f->checkpoint_interval, "steps between checkpoints (default: --eval-interval)");
+  add_int("--keep", f->keep, "checkpoints kept in --out (default 2)");
+  add_int("--log-interval", f->log_interval,
+          "steps between log lines when not on a terminal (default: lm 50, langid 100)");
+  add_int("--stop-at", f->stop_at, "stop with a checkpoint after this step, as if interrupted (--resume continues)");
+  add_int("--sample-tokens", f->sample_tokens, "lm: bytes of text sampled at the end (default 300; 0: none)");
 
   cmd->callback([f] {
-    if (f->options.at("--threads")->count() > 0) {
-      if (f->threads < 1) throw Error(fmt::format("--threads must be at least 1, got {}", f->threads));
-      set_num_threads(f->threads);
-    }
+    apply_threads(f->options.at("--threads"), f->threads);
     const TrainTask task = parse_task(f->task);
     TrainConfig defaults = default_train_config(task);
     // --init with a cabm model file: its architecture is the default for the flags not given.
@@ -256,7 +258,7 @@ void register_train(CLI::App& app) {
                                 config.out_dir, kLatestFile));
       const TrainConfig saved = saved_train_config(load_checkpoint(config.out_dir, true));
       if (saved.task != task && f->options.at("--task")->count() > 0)
-        throw Error(fmt::format("--resume: the run in {} is --task {}", config.out_dir, task_name(saved.task)));
+        throw UsageError(fmt::format("--resume: the run in {} is --task {}", config.out_dir, task_name(saved.task)));
       TrainConfig resumed = apply_flags(*f, saved);
       resumed.out_dir = config.out_dir;  // where it was found, even if the directory moved
       config = resumed;

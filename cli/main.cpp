@@ -9,10 +9,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <new>
 
 #include <unistd.h>
 
 namespace {
+
+constexpr int kFailure = 1;  // the command was fine; running it failed
+constexpr int kUsage = 2;    // the command line was wrong
 
 // OpenMP threads that reach the end of a parallel region spin (libgomp: 300,000 polls) before
 // they sleep. When the cores are shared with other work, the spinning thread holds the core that
@@ -44,18 +48,35 @@ int main(int argc, char** argv) {
   cabm::cli::register_bench(app);
   cabm::cli::register_bench_model(app);
   cabm::cli::register_memory(app);
+  app.footer(
+      "Exit status: 0 success; 1 failure (a missing or malformed file, a model or checkpoint that does not fit, out "
+      "of memory, divergence); 2 usage error (unknown flag, a flag value that is malformed or out of range, flags "
+      "that contradict each other). Errors are one line on stderr naming the file, tensor or flag.");
   // A bad flag is one line on stderr (CLI11's default adds a second "Run with --help" line).
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
     return std::string("cabm: error: ") + e.what() + " (see --help)\n";
   });
   try {
-    cabm::init_threads_from_env();
+    try {
+      cabm::init_threads_from_env();
+    } catch (const cabm::Error& e) {
+      throw cabm::UsageError(e.what());
+    }
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version are "errors" with status 0; every other parse error is a usage error
+    // (CLI11's own codes, 100-120, would tell a script nothing more).
+    const int status = app.exit(e);
+    return status == 0 ? 0 : kUsage;
+  } catch (const cabm::UsageError& e) {
+    std::fprintf(stderr, "cabm: error: %s (see --help)\n", e.what());
+    return kUsage;
+  } catch (const std::bad_alloc&) {  // outside a tensor (which says what it was): a vector, a string
+    std::fprintf(stderr, "cabm: error: out of memory\n");
+    return kFailure;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cabm: error: %s\n", e.what());
-    return 1;
+    return kFailure;
   }
   return 0;
 }

@@ -15,6 +15,22 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& message) : std::runtime_error(message) {}
 };
 
+// An error in how the library or the command was asked to run (a flag or option out of range,
+// options that contradict each other), as opposed to a failure while doing it (a bad file, no
+// memory). `cabm` exits with 2 for these and 1 for every other Error.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
+// An allocation the system refused. The message says how many bytes and, where the allocating
+// code knows, for what (a tensor's shape; a caller that knows more rethrows naming the model
+// or file).
+class OutOfMemory : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 [[noreturn]] void check_failed(const char* file, int line, const char* condition,
                                const std::string& message);

@@ -1,9 +1,12 @@
 #include "cabm/core/tensor.h"
 
+#include "cabm/core/memory.h"
+
 #include <sys/mman.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <new>
 
 namespace cabm {
 
@@ -13,11 +16,27 @@ std::string shape_str(const Shape& shape) {
   return s + "]";
 }
 
+// The product of the non-zero sizes must fit int64, zero sizes or not: contiguous_strides and
+// every offset computation multiply them. A shape read from a file or built from a hostile
+// config therefore fails here, never as a wrapped size.
 int64_t shape_numel(const Shape& shape) {
-  int64_t n = 1;
-  for (int64_t s : shape) n *= s;
+  int64_t n = 1, nonzero = 1;
+  for (int64_t s : shape) {
+    if (s < 0) throw Error(fmt::format("negative size in shape {}", shape_str(shape)));
+    if (s != 0 && __builtin_mul_overflow(nonzero, s, &nonzero))
+      throw Error(fmt::format("shape {} has more than 2^63 elements", shape_str(shape)));
+    n = s == 0 ? 0 : n * s;  // cannot overflow: |n| <= nonzero
+  }
   return n;
 }
+
+namespace {
+
+// More than x86-64's 47-bit user address space: no machine can hold it, so asking is a bug or
+// a hostile shape, reported as such rather than as "out of memory".
+constexpr size_t kMaxAllocation = size_t{1} << 47;
+
+}  // namespace
 
 Shape contiguous_strides(const Shape& shape) {
   Shape strides(shape.size());
@@ -32,10 +51,14 @@ Shape contiguous_strides(const Shape& shape) {
 Storage::Storage(size_t bytes) : bytes_(bytes) {
   constexpr size_t kAlign = 64;
   constexpr size_t kHuge = size_t{2} << 20;
+  if (bytes > kMaxAllocation)
+    throw Error(fmt::format("allocation of {} bytes is larger than any machine's address space", bytes));
   const size_t align = bytes >= kHuge ? kHuge : kAlign;
   const size_t rounded = (bytes + align - 1) / align * align;
   data_ = std::aligned_alloc(align, rounded ? rounded : align);
-  CABM_CHECK(data_ != nullptr, "out of memory allocating {} bytes", bytes);
+  if (data_ == nullptr)
+    throw OutOfMemory(
+        fmt::format("out of memory allocating {} ({} bytes)", human_bytes(static_cast<double>(bytes)), bytes));
   if (bytes >= kHuge) madvise(data_, rounded, MADV_HUGEPAGE);
 }
 
@@ -45,8 +68,21 @@ Storage::~Storage() {
 
 Tensor Tensor::empty(const Shape& shape, DType dtype) {
   for (int64_t s : shape) CABM_CHECK(s >= 0, "negative size in shape {}", shape_str(shape));
+  // The one place shapes become bytes: checked, so that a huge shape is an error, not a small
+  // wrapped allocation that later code clears or fills as if it were the whole tensor.
+  size_t bytes = 0;
+  if (__builtin_mul_overflow(static_cast<size_t>(shape_numel(shape)), dtype_size(dtype), &bytes) ||
+      bytes > kMaxAllocation)
+    throw Error(fmt::format("a {} {} tensor is larger than any machine's address space", shape_str(shape),
+                            dtype_name(dtype)));
   Tensor t;
-  t.storage_ = std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype));
+  try {
+    t.storage_ = std::make_shared<Storage>(bytes);
+  } catch (const OutOfMemory& e) {
+    throw OutOfMemory(fmt::format("{} for a {} {} tensor", e.what(), shape_str(shape), dtype_name(dtype)));
+  } catch (const std::bad_alloc&) {  // the control block
+    throw OutOfMemory(fmt::format("out of memory allocating a {} {} tensor", shape_str(shape), dtype_name(dtype)));
+  }
   t.shape_ = shape;
   t.strides_ = contiguous_strides(shape);
   t.dtype_ = dtype;

@@ -17,6 +17,8 @@ namespace cabm {
 using Shape = std::vector<int64_t>;
 
 std::string shape_str(const Shape& shape);  // "[2, 3, 4]"
+// Element count; a negative size, or sizes whose product (of the non-zero ones) overflows int64,
+// is a cabm::Error naming the shape.
 int64_t shape_numel(const Shape& shape);
 Shape contiguous_strides(const Shape& shape);
 

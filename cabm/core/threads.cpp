@@ -1,5 +1,6 @@
 #include "cabm/core/threads.h"
 
+#include "cabm/core/checked.h"
 #include "cabm/core/error.h"
 
 #include <omp.h>
@@ -19,11 +20,7 @@ int num_threads() { return omp_get_max_threads(); }
 void init_threads_from_env() {
   const char* value = std::getenv("CABM_NUM_THREADS");
   if (value == nullptr || *value == '\0') return;
-  char* end = nullptr;
-  const long n = std::strtol(value, &end, 10);
-  if (*end != '\0' || n < 1 || n > 4096)
-    throw Error(fmt::format("CABM_NUM_THREADS must be a positive integer, got '{}'", value));
-  set_num_threads(static_cast<int>(n));
+  set_num_threads(static_cast<int>(parse_integer(value, 1, kMaxThreads, "CABM_NUM_THREADS")));
 }
 
 }  // namespace cabm

@@ -8,6 +8,8 @@
 
 namespace cabm {
 
+inline constexpr int kMaxThreads = 4096;  // the most --threads / CABM_NUM_THREADS accept
+
 void set_num_threads(int threads);  // >= 1
 int num_threads();
 // Applies CABM_NUM_THREADS if set; throws cabm::Error naming the variable if it is malformed.

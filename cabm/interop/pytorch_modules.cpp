@@ -1,8 +1,8 @@
 #include "cabm/interop/pytorch_modules.h"
 
+#include "cabm/core/checked.h"
 #include "cabm/interop/state_dict.h"
 
-#include <cstdlib>
 #include <set>
 
 namespace cabm {
@@ -15,24 +15,16 @@ bool MetadataReader::get_bool(const std::string& key, bool fallback) const {
   throw Error(fmt::format("{}: metadata '{}' is '{}', expected true or false", file.path, key, *value));
 }
 
-int64_t MetadataReader::get_int(const std::string& key) const {
+int64_t MetadataReader::get_int(const std::string& key, int64_t min, int64_t max) const {
   const std::string* value = file.find_metadata(key);
   if (!value) throw Error(fmt::format("{}: metadata '{}' is required", file.path, key));
-  char* end = nullptr;
-  const long long n = std::strtoll(value->c_str(), &end, 10);
-  if (value->empty() || *end != '\0')
-    throw Error(fmt::format("{}: metadata '{}' is '{}', expected an integer", file.path, key, *value));
-  return n;
+  return parse_integer(*value, min, max, fmt::format("{}: metadata '{}'", file.path, key));
 }
 
-float MetadataReader::get_float(const std::string& key, float fallback) const {
+float MetadataReader::get_float(const std::string& key, float fallback, const RealRange& range) const {
   const std::string* value = file.find_metadata(key);
   if (!value) return fallback;
-  char* end = nullptr;
-  const double x = std::strtod(value->c_str(), &end);
-  if (value->empty() || *end != '\0')
-    throw Error(fmt::format("{}: metadata '{}' is '{}', expected a number", file.path, key, *value));
-  return static_cast<float>(x);
+  return static_cast<float>(parse_real(*value, range, fmt::format("{}: metadata '{}'", file.path, key)));
 }
 
 Activation MetadataReader::get_activation(const std::string& key, Activation fallback) const {
@@ -96,16 +88,13 @@ EncoderLayerConfig encoder_layer_config(const SafetensorsFile& file, const std::
   const Tensor& in_proj = require_matrix(file, prefix + "self_attn.in_proj_weight");
   config.d_model = in_proj.size(1);
   config.dim_feedforward = require_matrix(file, prefix + "linear1.weight").size(0);
-  config.nhead = meta.get_int("nhead");
-  if (config.nhead <= 0) throw Error(fmt::format("{}: metadata 'nhead' must be positive", file.path));
+  config.nhead = meta.get_int("nhead", 1, config.d_model);
   if (config.d_model % config.nhead != 0)
     throw Error(fmt::format("{}: d_model {} is not divisible by nhead {}", file.path, config.d_model, config.nhead));
   config.dropout = 0.0f;  // eval mode
   config.activation = meta.get_activation("activation", Activation::kRelu);
   config.norm_first = meta.get_bool("norm_first", false);
-  config.layer_norm_eps = meta.get_float("layer_norm_eps", 1e-5f);
-  if (!(config.layer_norm_eps > 0.0f))
-    throw Error(fmt::format("{}: metadata 'layer_norm_eps' must be positive", file.path));
+  config.layer_norm_eps = meta.get_float("layer_norm_eps", 1e-5f, {0, 1e30, true, false});
   return config;
 }
 }  // namespace

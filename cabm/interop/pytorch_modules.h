@@ -5,6 +5,7 @@
 //   key_padding_mask:  bool True = padding (blocked);           float = added to the scores
 #pragma once
 
+#include "cabm/core/checked.h"
 #include "cabm/io/safetensors.h"
 #include "cabm/kernels/mask.h"
 #include "cabm/nn/encoder.h"
@@ -19,8 +20,10 @@ struct MetadataReader {
   const SafetensorsFile& file;
 
   bool get_bool(const std::string& key, bool fallback) const;  // true/false (True/False, 1/0)
-  int64_t get_int(const std::string& key) const;               // required
-  float get_float(const std::string& key, float fallback) const;
+  // Required; an integer in [min, max] (cabm/core/checked.h: "1.5", "2^63" are errors).
+  int64_t get_int(const std::string& key, int64_t min = 1, int64_t max = int64_t{1} << 31) const;
+  // A finite number in `range` ("nan" is an error).
+  float get_float(const std::string& key, float fallback, const RealRange& range = {-1e30, 1e30}) const;
   Activation get_activation(const std::string& key, Activation fallback) const;  // relu | gelu
 };
 

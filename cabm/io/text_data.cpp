@@ -1,30 +1,103 @@
 #include "cabm/io/text_data.h"
 
 #include "cabm/core/error.h"
+#include "cabm/core/memory.h"
 #include "cabm/io/tokenizer.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <new>
 
 namespace cabm {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// A pipe or socket (`--data <(zcat corpus.gz)`) has no size to check in advance: read up to this
+// much, and refuse a longer stream rather than return a part of it.
+constexpr size_t kMaxStreamBytes = size_t{1} << 30;
+
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// read(2) into dst until `want` bytes or the end; returns the bytes read.
+size_t read_some(const std::string& path, int fd, char* dst, size_t want) {
+  size_t done = 0;
+  while (done < want) {
+    const ssize_t got = ::read(fd, dst + done, want - done);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) throw Error(fmt::format("{}: read error: {}", path, std::strerror(errno)));
+    if (got == 0) break;
+    done += static_cast<size_t>(got);
+  }
+  return done;
+}
+
+std::string read_stream(const std::string& path, int fd) {
+  std::string out;
+  constexpr size_t kChunk = size_t{1} << 20;
+  try {
+    for (;;) {
+      const size_t at = out.size();
+      out.resize(at + kChunk);
+      const size_t got = read_some(path, fd, out.data() + at, kChunk);
+      out.resize(at + got);
+      if (got < kChunk) return out;
+      if (out.size() > kMaxStreamBytes)
+        throw Error(fmt::format("{}: not a regular file, and longer than {} (save it to a file first)", path,
+                                human_bytes(static_cast<double>(kMaxStreamBytes))));
+    }
+  } catch (const std::bad_alloc&) {
+    throw Error(fmt::format("{}: out of memory after reading {} bytes", path, out.size()));
+  }
+}
+
+}  // namespace
+
 std::string read_file_bytes(const std::string& path) {
   std::error_code ec;
   const auto status = fs::status(path, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory)
+    throw Error(fmt::format("{}: cannot access: {}", path, ec.message()));
   if (ec || !fs::exists(status)) throw Error(fmt::format("{}: no such file", path));
   if (fs::is_directory(status)) throw Error(fmt::format("{}: is a directory, expected a file", path));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) throw Error(fmt::format("{}: read error", path));
-  return std::move(buffer).str();
+  Fd file{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (file.fd < 0) throw Error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(file.fd, &st) != 0) throw Error(fmt::format("{}: cannot stat: {}", path, std::strerror(errno)));
+  // A device has no end (/dev/zero, /dev/urandom) or is not text (/dev/sda).
+  if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode))
+    throw Error(fmt::format("{}: is a device, expected a regular file", path));
+  if (!S_ISREG(st.st_mode)) return read_stream(path, file.fd);
+
+  // The whole file or an error: never the prefix that fitted.
+  const auto size = static_cast<size_t>(st.st_size);
+  check_fits_in_memory(static_cast<double>(size), fmt::format("{}: reading the whole file", path));
+  std::string out;
+  try {
+    out.resize(size);
+  } catch (const std::exception&) {  // bad_alloc, length_error
+    throw Error(fmt::format("{}: out of memory reading its {} ({} bytes)", path, human_bytes(static_cast<double>(size)),
+                            size));
+  }
+  const size_t got = read_some(path, file.fd, out.data(), size);
+  if (got != size)
+    throw Error(fmt::format("{}: ended at byte {} of {} (changed while being read?)", path, got, size));
+  char extra = 0;
+  if (read_some(path, file.fd, &extra, 1) != 0)
+    throw Error(fmt::format("{}: grew past its {} bytes while being read", path, size));
+  return out;
 }
 
 std::string read_utf8_file(const std::string& path) {

@@ -33,7 +33,9 @@ struct TextSplit {
   int64_t validation_documents = 0;
 };
 
-// Whole file as bytes. Errors name the path: missing, a directory, unreadable.
+// Whole file as bytes, or a cabm::Error naming the path: missing, a directory, a device
+// (/dev/zero), unreadable, larger than the memory this process may use, or changed while being
+// read. Never a part of the file. A pipe or socket is read to its end, up to 1 GiB.
 std::string read_file_bytes(const std::string& path);
 
 // A UTF-8 text file: errors for missing/unreadable/empty files and for invalid UTF-8 (naming

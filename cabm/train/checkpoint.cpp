@@ -1,13 +1,18 @@
 #include "cabm/train/checkpoint.h"
 
+#include "cabm/core/checked.h"
 #include "cabm/core/error.h"
 #include "cabm/interop/state_dict.h"
 #include "cabm/io/text_data.h"
+#include "cabm/train/json_reader.h"
+#include "cabm/train/train_config.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -41,6 +46,21 @@ bool is_step_name(const std::string& name) {
   return std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
+// A fresh hidden directory for a checkpoint being written. mkdir(2) applies the umask, so the
+// finished checkpoint has the permissions of any directory the user creates (mkdtemp's are
+// always 0700: another user of a shared run directory could not read them).
+std::string make_temp_dir(const std::string& run_dir, const std::string& name) {
+  static std::atomic<uint64_t> counter{0};
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const std::string temp =
+        (fs::path(run_dir) / fmt::format(".tmp-{}-{}-{}", name, ::getpid(), counter.fetch_add(1))).string();
+    if (::mkdir(temp.c_str(), 0777) == 0) return temp;
+    if (errno != EEXIST)
+      throw Error(fmt::format("{}: cannot create a temporary checkpoint directory: {}", run_dir, errno_str()));
+  }
+  throw Error(fmt::format("{}: cannot create a temporary checkpoint directory (names taken)", run_dir));
+}
+
 std::string trim(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
   return s;
@@ -48,8 +68,13 @@ std::string trim(std::string s) {
 
 }  // namespace
 
+bool is_save_leftover(const std::string& name) {
+  return name.rfind(".tmp-step-", 0) == 0 || name.rfind(".old-step-", 0) == 0 ||
+         name.rfind(std::string(kLatestFile) + kAtomicTempInfix, 0) == 0;
+}
+
 void write_file_atomic(const std::string& path, const std::string& text) {
-  const std::string temp = fmt::format("{}.tmp.{}", path, ::getpid());
+  const std::string temp = fmt::format("{}{}{}", path, kAtomicTempInfix, ::getpid());
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   if (fd < 0) throw Error(fmt::format("{}: cannot create: {}", temp, errno_str()));
   const char* p = text.data();
@@ -69,10 +94,21 @@ void write_file_atomic(const std::string& path, const std::string& text) {
     ::unlink(temp.c_str());
     throw Error(fmt::format("{}: cannot flush to disk: {}", temp, errno_str()));
   }
+  // SQLite's practice: the directory is flushed before the rename (the temporary file's entry
+  // is on disk) and after it (the rename is), so a power loss, not only a kill, leaves either
+  // the old file or the new one.
+  const std::string dir = fs::path(path).parent_path().empty() ? "." : fs::path(path).parent_path().string();
+  try {
+    fsync_path(dir, true);
+  } catch (...) {
+    ::unlink(temp.c_str());
+    throw;
+  }
   if (::rename(temp.c_str(), path.c_str()) != 0) {
     ::unlink(temp.c_str());
     throw Error(fmt::format("{}: cannot rename {} to it: {}", path, temp, errno_str()));
   }
+  fsync_path(dir, true);
 }
 
 std::map<std::string, Tensor> adamw_state_tensors(const AdamW& opt) {
@@ -95,11 +131,8 @@ void load_adamw_state(const SafetensorsFile& file, AdamW& opt) {
   const std::string* kind = file.find_metadata("optimizer");
   if (kind == nullptr || *kind != "AdamW")
     throw Error(fmt::format("{}: not an AdamW state (metadata 'optimizer')", file.path));
-  const std::string& step_text = file.get_metadata("step");
-  char* end = nullptr;
-  const long long step = std::strtoll(step_text.c_str(), &end, 10);
-  if (end == step_text.c_str() || *end != '\0' || step < 0)
-    throw Error(fmt::format("{}: metadata 'step' is not a step count: '{}'", file.path, step_text));
+  const int64_t step =
+      parse_integer(file.get_metadata("step"), 0, kMaxSteps, fmt::format("{}: metadata 'step'", file.path));
   for (size_t i = 0; i < opt.names.size(); ++i) {
     const Shape& shape = opt.exp_avg[i].shape();
     opt.exp_avg[i].copy_from(file.get("exp_avg." + opt.names[i], DType::F32, shape));
@@ -120,9 +153,7 @@ std::string save_checkpoint(const std::string& run_dir, const CheckpointWrite& c
   if (!fs::is_directory(run_dir)) throw Error(fmt::format("{}: not a directory", run_dir));
 
   const std::string name = step_name(checkpoint.step);
-  std::string temp = (fs::path(run_dir) / fmt::format(".tmp-{}-XXXXXX", name)).string();
-  if (::mkdtemp(temp.data()) == nullptr)
-    throw Error(fmt::format("{}: cannot create a temporary checkpoint directory: {}", run_dir, errno_str()));
+  const std::string temp = make_temp_dir(run_dir, name);
   try {
     // write_safetensors itself writes a temporary file, flushes and renames.
     write_safetensors((fs::path(temp) / kModelFile).string(), to_tensor_map(*checkpoint.params),
@@ -132,6 +163,7 @@ std::string save_checkpoint(const std::string& run_dir, const CheckpointWrite& c
                         adamw_state_metadata(*checkpoint.optimizer));
     write_file_atomic((fs::path(temp) / kStateFile).string(), checkpoint.state.dump(2) + "\n");
     fsync_path(temp, true);
+    fsync_path(run_dir, true);  // the temporary directory's entry, before it is renamed
 
     const std::string final_dir = (fs::path(run_dir) / name).string();
     if (fs::exists(final_dir)) {
@@ -146,8 +178,7 @@ std::string save_checkpoint(const std::string& run_dir, const CheckpointWrite& c
       fs::rename(temp, final_dir);
     }
     fsync_path(run_dir, true);
-    write_file_atomic((fs::path(run_dir) / kLatestFile).string(), name + "\n");
-    fsync_path(run_dir, true);
+    write_file_atomic((fs::path(run_dir) / kLatestFile).string(), name + "\n");  // flushes run_dir too
   } catch (const fs::filesystem_error& e) {
     fs::remove_all(temp, ec);
     throw Error(fmt::format("{}: cannot save checkpoint: {}", run_dir, e.what()));
@@ -156,11 +187,11 @@ std::string save_checkpoint(const std::string& run_dir, const CheckpointWrite& c
     throw;
   }
 
-  // Housekeeping: stale temporary directories and checkpoints beyond `keep`.
+  // Housekeeping: what a killed save left behind and checkpoints beyond `keep`.
   std::vector<std::string> steps;
   for (const auto& entry : fs::directory_iterator(run_dir, ec)) {
     const std::string n = entry.path().filename().string();
-    if (n.rfind(".tmp-step-", 0) == 0 || n.rfind(".old-step-", 0) == 0) {
+    if (is_save_leftover(n)) {
       fs::remove_all(entry.path(), ec);
     } else if (entry.is_directory() && is_step_name(n)) {
       steps.push_back(n);
@@ -184,21 +215,44 @@ bool has_checkpoint(const std::string& run_dir) {
   return fs::is_regular_file(fs::path(run_dir) / kLatestFile, ec);
 }
 
+namespace {
+
+// Whether `path` exists; an error other than "does not exist" (no permission to look) is one,
+// so that another user's unreadable run is not reported as a missing file.
+bool exists_checked(const fs::path& path) {
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory)
+    throw Error(fmt::format("{}: cannot access: {}", path.string(), ec.message()));
+  return fs::exists(status);
+}
+
+}  // namespace
+
 std::string resolve_checkpoint(const std::string& path) {
   std::error_code ec;
-  if (!fs::exists(path, ec)) throw Error(fmt::format("{}: no such checkpoint directory", path));
+  if (!exists_checked(path)) throw Error(fmt::format("{}: no such checkpoint directory", path));
   if (!fs::is_directory(path, ec)) throw Error(fmt::format("{}: not a checkpoint directory", path));
-  if (fs::exists(fs::path(path) / kModelFile, ec)) return path;
+  if (exists_checked(fs::path(path) / kModelFile)) return path;
   const fs::path latest = fs::path(path) / kLatestFile;
-  if (fs::exists(latest, ec)) {
+  if (exists_checked(latest)) {
     const std::string name = trim(read_file_bytes(latest.string()));
     if (!is_step_name(name)) throw Error(fmt::format("{}: malformed (expected step-NNNNNNNN)", latest.string()));
     const fs::path dir = fs::path(path) / name;
-    if (!fs::exists(dir / kModelFile, ec))
+    if (!exists_checked(dir / kModelFile))
       throw Error(fmt::format("{}: names {}, which has no {}", latest.string(), name, kModelFile));
     return dir.string();
   }
   throw Error(fmt::format("{}: not a checkpoint (no {} or {} inside)", path, kModelFile, kLatestFile));
+}
+
+std::string state_file_path(const LoadedCheckpoint& checkpoint) {
+  return (fs::path(checkpoint.dir) / kStateFile).string();
+}
+
+int64_t checkpoint_step(const LoadedCheckpoint& checkpoint) {
+  if (!checkpoint.state.contains("step")) return 0;
+  return JsonReader(checkpoint.state, state_file_path(checkpoint)).integer("step", 0, kMaxSteps);
 }
 
 LoadedCheckpoint load_checkpoint(const std::string& path, bool for_resume) {
@@ -206,22 +260,23 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool for_resume) {
   out.dir = resolve_checkpoint(path);
   const fs::path dir(out.dir);
   out.model = read_safetensors((dir / kModelFile).string());
-  std::error_code ec;
   const fs::path optimizer = dir / kOptimizerFile;
-  if (fs::exists(optimizer, ec)) {
+  if (exists_checked(optimizer)) {
     if (for_resume) out.optimizer = read_safetensors(optimizer.string());
   } else if (for_resume) {
     throw Error(fmt::format("{}: missing {} (needed to resume)", out.dir, kOptimizerFile));
   }
   const fs::path state = dir / kStateFile;
-  if (fs::exists(state, ec)) {
+  if (exists_checked(state)) {
     const std::string text = read_file_bytes(state.string());
     try {
       out.state = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
-      throw Error(fmt::format("{}: malformed JSON: {}", state.string(), e.what()));
+      throw Error(fmt::format("{}: not valid JSON: {}", state.string(), json_error_text(e)));
     }
-    if (!out.state.is_object()) throw Error(fmt::format("{}: expected a JSON object", state.string()));
+    if (!out.state.is_object())
+      throw Error(fmt::format("{}: expected a JSON object, found {}", state.string(), out.state.type_name()));
+    checkpoint_step(out);  // a step that is not a step count is an error here, for every command
   } else if (for_resume) {
     throw Error(fmt::format("{}: missing {} (needed to resume)", out.dir, kStateFile));
   } else {

@@ -10,12 +10,14 @@
 //   runs/lm/step-00001000/state.json             step, RNG seed/position, data position,
 //                                                  training configuration, last metrics
 //
-// Crash safety: a checkpoint is written into a fresh hidden directory (.tmp-step-N-XXXXXX),
-// every file flushed to disk, and the directory renamed to step-N (one atomic rename), then
-// `latest` is replaced atomically (temporary file + rename). A crash at any moment leaves
-// `latest` naming a complete checkpoint (the previous one until the new one is whole);
-// half-written .tmp-* directories are ignored and removed by the next save. Older checkpoints
-// beyond `keep` are deleted only after `latest` points at the new one.
+// Crash safety: a checkpoint is written into a fresh hidden directory (.tmp-step-N-PID-K, with
+// the umask's permissions), every file flushed to disk, the run directory flushed, and the
+// directory renamed to step-N (one atomic rename), then `latest` is replaced atomically
+// (latest.tmp.PID + rename, the directory flushed before and after). A crash at any moment
+// leaves `latest` naming a complete checkpoint (the previous one until the new one is whole);
+// what a killed save leaves (.tmp-step-*, .old-step-*, latest.tmp.*) is ignored and removed by
+// the next save or fresh run. Older checkpoints beyond `keep` are deleted only after `latest`
+// points at the new one.
 #pragma once
 
 #include "cabm/io/safetensors.h"
@@ -34,6 +36,10 @@ inline constexpr const char* kModelFile = "model.safetensors";
 inline constexpr const char* kOptimizerFile = "optimizer.safetensors";
 inline constexpr const char* kStateFile = "state.json";
 inline constexpr const char* kLatestFile = "latest";
+inline constexpr const char* kAtomicTempInfix = ".tmp.";  // write_file_atomic: PATH.tmp.PID
+
+// Whether a run directory entry is what an interrupted save leaves behind.
+bool is_save_leftover(const std::string& name);
 
 struct CheckpointWrite {
   int64_t step = 0;
@@ -62,8 +68,13 @@ struct LoadedCheckpoint {
 };
 
 // Reads a checkpoint (resolve_checkpoint first). With `for_resume`, optimizer.safetensors
-// and state.json are required.
+// and state.json are required. A state.json that is not a JSON object, or whose "step" is not
+// a step count, is an error naming the file.
 LoadedCheckpoint load_checkpoint(const std::string& path, bool for_resume);
+
+std::string state_file_path(const LoadedCheckpoint& checkpoint);  // DIR/state.json
+// state.json's "step" (0 when it has none), range-checked.
+int64_t checkpoint_step(const LoadedCheckpoint& checkpoint);
 
 // Optimizer state as tensors + metadata, and back (checks every name and shape against `opt`,
 // which must have been made for the same parameters).
@@ -71,7 +82,8 @@ std::map<std::string, Tensor> adamw_state_tensors(const AdamW& opt);
 std::map<std::string, std::string> adamw_state_metadata(const AdamW& opt);
 void load_adamw_state(const SafetensorsFile& file, AdamW& opt);
 
-// Writes `text` to `path` atomically (temporary file in the same directory, fsync, rename).
+// Writes `text` to `path` atomically and durably (temporary file PATH.tmp.PID in the same
+// directory, fsync, directory fsync, rename, directory fsync).
 void write_file_atomic(const std::string& path, const std::string& text);
 
 }  // namespace cabm

@@ -93,9 +93,14 @@ std::vector<float> classify_word(const Classifier& model, const std::string& wor
 LangIdTrainer::LangIdTrainer(const TrainConfig& config, WordDataset data) : config_(config), data_(std::move(data)) {
   validate(config_);
   const ClassifierConfig mc = langid_model_config(config_, static_cast<int64_t>(data_.languages.size()));
-  state_.model = make_classifier(mc);
-  state_.grad_model = make_classifier(mc);
-  start_training(config_, state_);
+  check_training_memory(config_, parameter_count(mc), mc.num_classes);
+  try {
+    state_.model = make_classifier(mc);
+    state_.grad_model = make_classifier(mc);
+    start_training(config_, state_);
+  } catch (const OutOfMemory& e) {
+    rethrow_training_out_of_memory(config_, e);
+  }
 }
 
 void LangIdTrainer::restore(const LoadedCheckpoint& checkpoint) {

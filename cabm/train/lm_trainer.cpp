@@ -27,27 +27,22 @@ LmTrainer::LmTrainer(const TrainConfig& config, TextSplit data) : config_(config
                     "larger file or a smaller --seq-len)",
                     data_.source, data_.validation.size(), T));
   const CausalLMConfig mc = lm_model_config(config_);
-  state_.model = make_causal_lm(mc);
-  state_.grad_model = make_causal_lm(mc);
-  start_training(config_, state_);
-  for (int64_t micro = 0; micro < config_.accum; ++micro) {
-    inputs_.push_back(Tensor::empty({config_.batch_size, T}, DType::I64));
-    targets_.push_back(Tensor::empty({config_.batch_size, T}, DType::I64));
+  check_training_memory(config_, parameter_count(mc), mc.vocab_size);
+  try {
+    state_.model = make_causal_lm(mc);
+    state_.grad_model = make_causal_lm(mc);
+    start_training(config_, state_);
+    for (int64_t micro = 0; micro < config_.accum; ++micro) {
+      inputs_.push_back(Tensor::empty({config_.batch_size, T}, DType::I64));
+      targets_.push_back(Tensor::empty({config_.batch_size, T}, DType::I64));
+    }
+  } catch (const OutOfMemory& e) {
+    rethrow_training_out_of_memory(config_, e);
   }
 }
 
 void LmTrainer::restore(const LoadedCheckpoint& checkpoint) {
   restore_training(checkpoint, state_);
-  // state.json and optimizer.safetensors must come from the same save (the data position
-  // belongs to the optimizer's step).
-  try {
-    const int64_t saved_step = checkpoint.state.at("step").get<int64_t>();
-    if (saved_step != state_.opt.step)
-      throw Error(fmt::format("{}: state.json step {} differs from the optimizer's step {}", checkpoint.dir, saved_step,
-                              state_.opt.step));
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(fmt::format("{}/{}: malformed training state: {}", checkpoint.dir, kStateFile, e.what()));
-  }
 }
 
 StepStats LmTrainer::train_step() {

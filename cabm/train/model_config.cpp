@@ -1,8 +1,10 @@
 #include "cabm/train/model_config.h"
 
+#include "cabm/core/checked.h"
 #include "cabm/core/error.h"
 #include "cabm/interop/state_dict.h"
 #include "cabm/nn/parameters.h"
+#include "cabm/train/train_config.h"
 
 #include <cstdlib>
 
@@ -51,21 +53,16 @@ const std::string& need(const SafetensorsFile& f, const std::string& key) {
   return *v;
 }
 
+// Before they are compared with the file's tensors, sizes are only known to be positive and
+// below this, so that products such as V·E cannot overflow.
+constexpr int64_t kMaxMetadataSize = int64_t{1} << 31;
+
 int64_t get_int(const SafetensorsFile& f, const std::string& key) {
-  const std::string& s = need(f, key);
-  char* end = nullptr;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0' || v < 0)
-    throw Error(fmt::format("{}: metadata '{}' is not a count: '{}'", f.path, key, s));
-  return v;
+  return parse_integer(need(f, key), 1, kMaxMetadataSize, fmt::format("{}: metadata '{}'", f.path, key));
 }
 
-float get_float(const SafetensorsFile& f, const std::string& key) {
-  const std::string& s = need(f, key);
-  char* end = nullptr;
-  const float v = std::strtof(s.c_str(), &end);
-  if (s.empty() || *end != '\0') throw Error(fmt::format("{}: metadata '{}' is not a number: '{}'", f.path, key, s));
-  return v;
+float get_float(const SafetensorsFile& f, const std::string& key, const RealRange& range) {
+  return static_cast<float>(parse_real(need(f, key), range, fmt::format("{}: metadata '{}'", f.path, key)));
 }
 
 bool get_bool(const SafetensorsFile& f, const std::string& key, bool fallback) {
@@ -102,10 +99,63 @@ void read_encoder_metadata(const SafetensorsFile& f, ModelConfig& c) {
   c.nhead = get_int(f, "nhead");
   c.num_layers = get_int(f, "num_layers");
   c.dim_feedforward = get_int(f, "dim_feedforward");
-  c.dropout = get_float(f, "dropout");
+  c.dropout = get_float(f, "dropout", {0, 1, false, true});
   c.activation = get_activation(f);
   c.norm_first = get_bool(f, "norm_first", c.norm_first);
-  c.layer_norm_eps = get_float(f, "layer_norm_eps");
+  c.layer_norm_eps = get_float(f, "layer_norm_eps", {0, 1, true, false});
+}
+
+// "[2, 3]", or "absent" for a tensor the file does not have.
+std::string file_shape(const SafetensorsFile& f, const std::string& name) {
+  const Tensor* t = f.find(name);
+  return t ? shape_str(t->shape()) : "absent";
+}
+
+void expect_shape(const SafetensorsFile& f, const std::string& name, const Shape& shape, const std::string& because) {
+  const Tensor* t = f.find(name);
+  if (t == nullptr || t->shape() != shape)
+    throw Error(fmt::format("{}: metadata {} needs tensor '{}' of shape {}, the file's is {}", f.path, because, name,
+                            shape_str(shape), file_shape(f, name)));
+}
+
+// The sizes the metadata claims, checked against the tensors the file holds, before anything
+// is allocated: a model whose parameters are not in the file (a hostile or corrupt num_layers,
+// vocab_size, max_seq_len ...) is refused here instead of being built and then failing to
+// load, or exhausting memory first. What the file cannot bound (the sinusoidal context) has
+// a fixed limit.
+template <typename ModelConfig>
+void check_encoder_against_file(const SafetensorsFile& f, const ModelConfig& c) {
+  const int64_t E = c.d_model, F = c.dim_feedforward;
+  if (E % c.nhead != 0)
+    throw Error(fmt::format("{}: metadata 'nhead' is {}, which does not divide d_model {}", f.path, c.nhead, E));
+  expect_shape(f, "embed.weight", {c.vocab_size, E}, fmt::format("vocab_size {}, d_model {}", c.vocab_size, E));
+  if (c.positional == PositionalKind::kLearned)
+    expect_shape(f, "pos_embed.weight", {c.max_seq_len, E}, fmt::format("max_seq_len {}", c.max_seq_len));
+  else if (c.max_seq_len > kMaxSeqLen)
+    throw Error(fmt::format("{}: metadata 'max_seq_len' is {}, more than the {} positions a sinusoidal model may have",
+                            f.path, c.max_seq_len, kMaxSeqLen));
+  int64_t layers = 0;
+  while (f.find(fmt::format("encoder.layers.{}.self_attn.in_proj_weight", layers))) ++layers;
+  if (layers != c.num_layers)
+    throw Error(fmt::format("{}: metadata 'num_layers' is {}, but the file holds {} layers (encoder.layers.N)", f.path,
+                            c.num_layers, layers));
+  for (int64_t l = 0; l < layers; ++l) {
+    const std::string p = fmt::format("encoder.layers.{}.", l);
+    expect_shape(f, p + "self_attn.in_proj_weight", {3 * E, E}, fmt::format("d_model {}", E));
+    expect_shape(f, p + "linear1.weight", {F, E}, fmt::format("dim_feedforward {}, d_model {}", F, E));
+  }
+}
+
+// Rebuilding the model allocates as much again as the file's tensors; a refusal names the file.
+template <typename Model, typename Make>
+Model build_model(const SafetensorsFile& file, Make&& make) {
+  try {
+    Model model = make();
+    load_parameters(file, named_parameters(model));
+    return model;
+  } catch (const OutOfMemory& e) {
+    throw OutOfMemory(fmt::format("{}: no memory to build its model: {}", file.path, e.what()));
+  }
 }
 
 }  // namespace
@@ -140,6 +190,10 @@ CausalLMConfig causal_lm_config_from(const SafetensorsFile& f) {
   read_encoder_metadata(f, c);
   c.tie_head = get_bool(f, "tie_head", true);
   c.positional = get_positional(f);
+  check_encoder_against_file(f, c);
+  if (!c.tie_head)
+    expect_shape(f, "head.weight", {c.vocab_size, c.d_model},
+                 fmt::format("tie_head false, vocab_size {}", c.vocab_size));
   return c;
 }
 
@@ -151,6 +205,8 @@ ClassifierConfig classifier_config_from(const SafetensorsFile& f, std::vector<st
   c.num_classes = get_int(f, "num_classes");
   c.final_norm = get_bool(f, "final_norm", true);
   c.positional = get_positional(f);
+  check_encoder_against_file(f, c);
+  expect_shape(f, "classifier.weight", {c.num_classes, c.d_model}, fmt::format("num_classes {}", c.num_classes));
   labels.clear();
   const std::string& joined = need(f, "labels");
   size_t pos = 0;
@@ -167,15 +223,35 @@ ClassifierConfig classifier_config_from(const SafetensorsFile& f, std::vector<st
 }
 
 CausalLM load_causal_lm(const SafetensorsFile& file) {
-  CausalLM model = make_causal_lm(causal_lm_config_from(file));
-  load_parameters(file, named_parameters(model));
-  return model;
+  const CausalLMConfig config = causal_lm_config_from(file);
+  return build_model<CausalLM>(file, [&] { return make_causal_lm(config); });
 }
 
 Classifier load_classifier(const SafetensorsFile& file, std::vector<std::string>& labels) {
-  Classifier model = make_classifier(classifier_config_from(file, labels));
-  load_parameters(file, named_parameters(model));
-  return model;
+  const ClassifierConfig config = classifier_config_from(file, labels);
+  return build_model<Classifier>(file, [&] { return make_classifier(config); });
+}
+
+double parameter_count(const CausalLMConfig& c) {
+  const double V = static_cast<double>(c.vocab_size), E = static_cast<double>(c.d_model);
+  double n = V * E + 2 * E + static_cast<double>(c.num_layers) * layer_parameter_count(c);
+  if (c.positional == PositionalKind::kLearned) n += static_cast<double>(c.max_seq_len) * E;
+  if (!c.tie_head) n += V * E;
+  return n;
+}
+
+double parameter_count(const ClassifierConfig& c) {
+  const double V = static_cast<double>(c.vocab_size), E = static_cast<double>(c.d_model);
+  double n = V * E + static_cast<double>(c.num_layers) * layer_parameter_count(c) +
+             static_cast<double>(c.num_classes) * (E + 1);
+  if (c.final_norm) n += 2 * E;
+  if (c.positional == PositionalKind::kLearned) n += static_cast<double>(c.max_seq_len) * E;
+  return n;
+}
+
+double layer_parameter_count(const EncoderLayerConfig& c) {
+  const double E = static_cast<double>(c.d_model), F = static_cast<double>(c.dim_feedforward);
+  return 4 * E * E + 4 * E + 2 * E * F + F + E + 4 * E;  // attention, feed-forward, two norms
 }
 
 }  // namespace cabm

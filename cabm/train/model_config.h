@@ -27,14 +27,24 @@ Metadata classifier_metadata(const ClassifierConfig& config, const std::vector<s
 std::string model_kind(const SafetensorsFile& file);
 
 // Parse the metadata back; every missing or malformed value is a cabm::Error naming the file
-// and the key.
+// and the key. Sizes are then checked against the file's tensors (vocab_size and d_model
+// against embed.weight, max_seq_len against pos_embed.weight, num_layers against the
+// encoder.layers.N present, dim_feedforward against linear1.weight, ...): a config whose
+// model the file does not hold is refused before anything is allocated.
 CausalLMConfig causal_lm_config_from(const SafetensorsFile& file);
 ClassifierConfig classifier_config_from(const SafetensorsFile& file, std::vector<std::string>& labels);
 
 // A model rebuilt from a file's metadata, with the file's parameters loaded (strictly: every
-// parameter present with its shape, nothing unexpected).
+// parameter present with its shape, nothing unexpected). Out of memory is a cabm::OutOfMemory
+// naming the file.
 CausalLM load_causal_lm(const SafetensorsFile& file);
 Classifier load_classifier(const SafetensorsFile& file, std::vector<std::string>& labels);
+
+// Parameters of a model of this config (in double: an estimate for memory checks, computed
+// without overflow for any sizes).
+double parameter_count(const CausalLMConfig& config);
+double parameter_count(const ClassifierConfig& config);
+double layer_parameter_count(const EncoderLayerConfig& config);
 
 std::string activation_name(Activation activation);
 Activation parse_activation(const std::string& name);  // "relu" | "gelu"

@@ -1,6 +1,9 @@
 #include "cabm/train/train_config.h"
 
 #include "cabm/core/error.h"
+#include "cabm/train/json_reader.h"
+
+#include <limits>
 
 namespace cabm {
 
@@ -89,83 +92,117 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"sample_tokens", c.sample_tokens}};
 }
 
-TrainConfig train_config_from_json(const nlohmann::json& j) {
+namespace {
+
+constexpr double kHuge = std::numeric_limits<double>::max();
+constexpr double kFloatHuge = 1e30;  // float settings: narrowing stays finite
+
+}  // namespace
+
+const std::vector<IntSetting>& int_settings() {
+  static const std::vector<IntSetting> settings = {
+      {"--layers", "layers", 1, kMaxLayers, [](TrainConfig& c) -> int64_t& { return c.layers; }},
+      {"--heads", "heads", 1, kMaxHeads, [](TrainConfig& c) -> int64_t& { return c.heads; }},
+      {"--d-model", "d_model", 1, kMaxWidth, [](TrainConfig& c) -> int64_t& { return c.d_model; }},
+      {"--d-ff", "d_ff", 1, kMaxWidth, [](TrainConfig& c) -> int64_t& { return c.d_ff; }},
+      {"--steps", "steps", 1, kMaxSteps, [](TrainConfig& c) -> int64_t& { return c.steps; }},
+      {"--batch-size", "batch_size", 1, kMaxBatch, [](TrainConfig& c) -> int64_t& { return c.batch_size; }},
+      {"--seq-len", "seq_len", 1, kMaxSeqLen, [](TrainConfig& c) -> int64_t& { return c.seq_len; }},
+      {"--accum", "accum", 1, kMaxAccum, [](TrainConfig& c) -> int64_t& { return c.accum; }},
+      {"--warmup", "warmup", 0, kMaxSteps, [](TrainConfig& c) -> int64_t& { return c.schedule.warmup; }},
+      {"--eval-interval", "eval_interval", 0, kMaxSteps, [](TrainConfig& c) -> int64_t& { return c.eval_interval; }},
+      {"--eval-windows", "eval_windows", 1, kMaxCount, [](TrainConfig& c) -> int64_t& { return c.eval_windows; }},
+      {"--checkpoint-interval", "checkpoint_interval", 0, kMaxSteps,
+       [](TrainConfig& c) -> int64_t& { return c.checkpoint_interval; }},
+      {"--keep", "keep_checkpoints", 1, kMaxCount, [](TrainConfig& c) -> int64_t& { return c.keep_checkpoints; }},
+      {"--log-interval", "log_interval", 0, kMaxSteps, [](TrainConfig& c) -> int64_t& { return c.log_interval; }},
+      {"--stop-at", "stop_at", 0, kMaxSteps, [](TrainConfig& c) -> int64_t& { return c.stop_at; }},
+      {"--sample-tokens", "sample_tokens", 0, kMaxCount, [](TrainConfig& c) -> int64_t& { return c.sample_tokens; }},
+  };
+  return settings;
+}
+
+const std::vector<RealSetting>& real_settings() {
+  static const std::vector<RealSetting> settings = {
+      {"--dropout", "dropout", {0, 1, false, true}, [](const TrainConfig& c) -> double { return c.dropout; }},
+      {"--lr", "lr", {0, kHuge, true, false}, [](const TrainConfig& c) { return c.schedule.lr; }},
+      {"--min-lr-ratio", "min_lr_ratio", {0, 1}, [](const TrainConfig& c) { return c.schedule.min_lr_ratio; }},
+      {"--weight-decay", "weight_decay", {0, kHuge}, [](const TrainConfig& c) { return c.adamw.weight_decay; }},
+      {"--clip", "clip", {0, kFloatHuge}, [](const TrainConfig& c) -> double { return c.clip; }},
+      {"", "beta1", {0, 1, false, true}, [](const TrainConfig& c) { return c.adamw.beta1; }},
+      {"", "beta2", {0, 1, false, true}, [](const TrainConfig& c) { return c.adamw.beta2; }},
+      {"", "eps", {0, kHuge, true, false}, [](const TrainConfig& c) { return c.adamw.eps; }},
+  };
+  return settings;
+}
+
+const IntSetting& int_setting(const std::string& flag) {
+  for (const IntSetting& s : int_settings())
+    if (flag == s.flag) return s;
+  throw Error(fmt::format("no integer setting {}", flag));
+}
+
+const RealSetting& real_setting(const std::string& flag) {
+  for (const RealSetting& s : real_settings())
+    if (flag == s.flag || flag == s.key) return s;
+  throw Error(fmt::format("no real setting {}", flag));
+}
+
+TrainConfig train_config_from_json(const nlohmann::json& j, const std::string& where, const std::string& prefix) {
+  const JsonReader r(j, where, prefix);
   TrainConfig c;
-  const auto get = [&](const char* key, auto& value) {
-    if (!j.contains(key)) throw Error(fmt::format("training configuration lacks '{}'", key));
+  const auto enum_value = [&](const char* key, auto parse) {
     try {
-      j.at(key).get_to(value);
-    } catch (const nlohmann::json::exception&) {
-      throw Error(fmt::format("training configuration: '{}' has the wrong type", key));
+      return parse(r.string(key));
+    } catch (const Error& e) {
+      if (std::string(e.what()).rfind(where, 0) == 0) throw;  // the reader's own message
+      throw Error(fmt::format("{}: {}", r.name(key), e.what()));
     }
   };
-  std::string task, schedule;
-  get("task", task);
-  c.task = parse_task(task);
-  get("data", c.data);
-  get("init", c.init);
-  get("out", c.out_dir);
-  get("layers", c.layers);
-  get("heads", c.heads);
-  get("d_model", c.d_model);
-  get("d_ff", c.d_ff);
-  get("dropout", c.dropout);
-  get("norm_first", c.norm_first);
-  get("steps", c.steps);
-  get("batch_size", c.batch_size);
-  get("seq_len", c.seq_len);
-  get("accum", c.accum);
-  get("schedule", schedule);
-  c.schedule.kind = parse_schedule(schedule);
-  get("lr", c.schedule.lr);
-  get("warmup", c.schedule.warmup);
-  get("min_lr_ratio", c.schedule.min_lr_ratio);
-  get("beta1", c.adamw.beta1);
-  get("beta2", c.adamw.beta2);
-  get("eps", c.adamw.eps);
-  get("weight_decay", c.adamw.weight_decay);
-  get("clip", c.clip);
-  get("seed", c.seed);
+  c.task = enum_value("task", parse_task);
+  c.data = r.string("data");
+  c.init = r.string("init");
+  c.out_dir = r.string("out");
+  for (const IntSetting& s : int_settings())
+    if (std::string(s.key) != "stop_at") s.field(c) = r.integer(s.key, s.min, s.max);  // stop_at is not saved
+  const auto real = [&](const char* key) { return r.real(key, real_setting(key).range); };
+  c.dropout = static_cast<float>(real("dropout"));
+  c.norm_first = r.boolean("norm_first");
+  c.schedule.kind = enum_value("schedule", parse_schedule);
+  c.schedule.lr = real("lr");
+  c.schedule.min_lr_ratio = real("min_lr_ratio");
+  c.adamw.beta1 = real("beta1");
+  c.adamw.beta2 = real("beta2");
+  c.adamw.eps = real("eps");
+  c.adamw.weight_decay = real("weight_decay");
+  c.clip = static_cast<float>(real("clip"));
+  c.seed = r.unsigned_integer("seed");
   // Absent in checkpoints written before mixed precision existed: those ran in fp32.
-  std::string precision = "fp32";
-  if (j.contains("precision")) get("precision", precision);
-  c.precision = parse_precision(precision);
-  get("eval_interval", c.eval_interval);
-  get("eval_windows", c.eval_windows);
-  get("checkpoint_interval", c.checkpoint_interval);
-  get("keep_checkpoints", c.keep_checkpoints);
-  get("log_interval", c.log_interval);
-  get("sample_tokens", c.sample_tokens);
+  c.precision = r.has("precision") ? enum_value("precision", parse_precision) : Precision::kFp32;
   return c;
 }
 
-void validate(const TrainConfig& c) {
-  const auto positive = [](int64_t v, const char* flag) {
-    if (v <= 0) throw Error(fmt::format("{} must be positive, got {}", flag, v));
+void validate(const TrainConfig& config) {
+  TrainConfig c = config;  // int_settings() hands out references
+  const auto usage = [](const auto& check) {
+    try {
+      check();
+    } catch (const UsageError&) {
+      throw;
+    } catch (const Error& e) {
+      throw UsageError(e.what());
+    }
   };
-  positive(c.layers, "--layers");
-  positive(c.heads, "--heads");
-  positive(c.d_model, "--d-model");
-  positive(c.d_ff, "--d-ff");
-  positive(c.steps, "--steps");
-  positive(c.batch_size, "--batch-size");
-  positive(c.seq_len, "--seq-len");
-  positive(c.accum, "--accum");
-  positive(c.keep_checkpoints, "--keep");
+  for (const IntSetting& s : int_settings()) usage([&] { checked_integer(s.field(c), s.min, s.max, s.flag); });
+  for (const RealSetting& s : real_settings())
+    usage([&] { checked_real(s.get(c), s.range, *s.flag ? s.flag : s.key); });
   if (c.d_model % c.heads != 0)
-    throw Error(fmt::format("--d-model ({}) must be divisible by --heads ({})", c.d_model, c.heads));
-  if (!(c.dropout >= 0.0f && c.dropout < 1.0f))
-    throw Error(fmt::format("--dropout must lie in [0, 1), got {}", c.dropout));
-  if (!(c.schedule.lr > 0.0)) throw Error(fmt::format("--lr must be positive, got {}", c.schedule.lr));
-  if (c.schedule.warmup < 0) throw Error(fmt::format("--warmup must be >= 0, got {}", c.schedule.warmup));
+    throw UsageError(fmt::format("--d-model ({}) must be divisible by --heads ({})", c.d_model, c.heads));
+  if (c.batch_size * c.seq_len > kMaxBatchTokens)
+    throw UsageError(fmt::format("--batch-size {} x --seq-len {} = {} tokens per micro-batch, more than the {} allowed",
+                                 c.batch_size, c.seq_len, c.batch_size * c.seq_len, kMaxBatchTokens));
   if (c.schedule.kind == ScheduleKind::kWarmup && c.schedule.warmup == 0)
-    throw Error("--schedule warmup needs --warmup > 0");
-  if (c.eval_interval < 0) throw Error(fmt::format("--eval-interval must be >= 0, got {}", c.eval_interval));
-  if (c.checkpoint_interval < 0)
-    throw Error(fmt::format("--checkpoint-interval must be >= 0, got {}", c.checkpoint_interval));
-  if (c.eval_windows <= 0) throw Error(fmt::format("--eval-windows must be positive, got {}", c.eval_windows));
-  if (c.stop_at < 0) throw Error(fmt::format("--stop-at must be >= 0, got {}", c.stop_at));
-  if (c.adamw.weight_decay < 0) throw Error(fmt::format("--weight-decay must be >= 0, got {}", c.adamw.weight_decay));
+    throw UsageError("--schedule warmup needs --warmup > 0");
 }
 
 }  // namespace cabm

@@ -2,6 +2,7 @@
 // their JSON form in a checkpoint's state.json (so --resume continues with the same ones).
 #pragma once
 
+#include "cabm/core/checked.h"
 #include "cabm/io/tokenizer.h"
 #include "cabm/nn/mixed_precision.h"
 #include "cabm/train/adamw.h"
@@ -11,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace cabm {
 
@@ -63,11 +65,48 @@ TrainConfig default_train_config(TrainTask task);
 std::string task_name(TrainTask task);  // "lm" | "langid"
 TrainTask parse_task(const std::string& name);
 
-nlohmann::json to_json(const TrainConfig& config);
-// Throws cabm::Error naming the field when something is missing or has the wrong type.
-TrainConfig train_config_from_json(const nlohmann::json& j);
+// The ranges of the integer settings, shared by the `cabm train` flags, validate() and
+// state.json's "config" (docs/reliability.md lists them). The upper bounds are far above any
+// model this CPU library trains (the default LM: L 4, E 128, F 512, T 64, B 16) and low enough
+// that the products the code forms (B·T·E, L·E·F, steps · accum, ...) cannot overflow int64.
+inline constexpr int64_t kMaxLayers = 1024;
+inline constexpr int64_t kMaxHeads = 1024;
+inline constexpr int64_t kMaxWidth = 65536;        // d_model, d_ff
+inline constexpr int64_t kMaxSeqLen = 65536;       // context T (bytes)
+inline constexpr int64_t kMaxBatch = 65536;        // sequences (words) per micro-batch
+inline constexpr int64_t kMaxBatchTokens = 1 << 24;  // batch_size · seq_len
+inline constexpr int64_t kMaxAccum = 4096;         // micro-batches per step
+inline constexpr int64_t kMaxSteps = int64_t{1} << 40;  // steps, warm-up, intervals, stop-at
+inline constexpr int64_t kMaxCount = 1 << 24;      // eval windows, checkpoints kept, sample bytes
 
-// Checks ranges (positive sizes, E divisible by H, ...) with one-line errors naming the flag.
+struct IntSetting {
+  const char* flag;  // "--layers"
+  const char* key;   // "layers" in to_json
+  int64_t min, max;
+  int64_t& (*field)(TrainConfig&);
+};
+// Every integer setting of TrainConfig but the seed (any uint64): flag, JSON key and range.
+const std::vector<IntSetting>& int_settings();
+const IntSetting& int_setting(const std::string& flag);  // by flag name
+
+// The ranges of the real-valued settings (finite; NaN is never in range).
+struct RealSetting {
+  const char* flag;
+  const char* key;
+  RealRange range;
+  double (*get)(const TrainConfig&);
+};
+const std::vector<RealSetting>& real_settings();
+const RealSetting& real_setting(const std::string& flag);
+
+nlohmann::json to_json(const TrainConfig& config);
+// Throws cabm::Error naming `where` and the key ("'config.steps'") when something is missing,
+// has the wrong type or is out of its range above.
+TrainConfig train_config_from_json(const nlohmann::json& j, const std::string& where = "training configuration",
+                                   const std::string& prefix = "");
+
+// Checks the ranges above and the relations between settings (E divisible by H, B·T) with
+// one-line cabm::UsageError messages naming the flag.
 void validate(const TrainConfig& config);
 
 // The model the flags describe, over byte tokens (V = 256, T_max = seq_len). ModelConfig is

@@ -1,6 +1,7 @@
 #include "cabm/train/train_run.h"
 
 #include "cabm/core/error.h"
+#include "cabm/train/json_reader.h"
 #include "cabm/train/langid_trainer.h"
 #include "cabm/train/lm_trainer.h"
 #include "cabm/train/model_config.h"
@@ -25,8 +26,7 @@ bool clear_previous_run(const std::string& dir) {
   bool removed = false;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name == kLatestFile || (entry.is_directory() && name.rfind("step-", 0) == 0) ||
-        name.rfind(".tmp-step-", 0) == 0) {
+    if (name == kLatestFile || (entry.is_directory() && name.rfind("step-", 0) == 0) || is_save_leftover(name)) {
       fs::remove_all(entry.path(), ec);
       removed = true;
     }
@@ -136,7 +136,7 @@ void check_resume_config(const TrainConfig& saved, const TrainConfig& requested)
   const nlohmann::json a = to_json(saved), b = to_json(requested);
   for (const auto& [key, value] : b.items()) {
     if (changeable_on_resume(key) || a.value(key, nlohmann::json()) == value) continue;
-    throw Error(
+    throw UsageError(
         fmt::format("--resume continues the saved run, whose {} is {}; it cannot become {} (drop that flag "
                     "or start a new run with another --out)",
                     key, a.value(key, nlohmann::json()).dump(), value.dump()));
@@ -144,14 +144,46 @@ void check_resume_config(const TrainConfig& saved, const TrainConfig& requested)
 }
 
 TrainConfig saved_train_config(const LoadedCheckpoint& checkpoint) {
+  const JsonReader state(checkpoint.state, state_file_path(checkpoint));
+  const TrainConfig config = train_config_from_json(state.at("config"), state.where(), "config.");
   try {
-    return train_config_from_json(checkpoint.state.at("config"));
-  } catch (const nlohmann::json::exception&) {
-    throw Error(fmt::format("{}/{}: no training configuration", checkpoint.dir, kStateFile));
-  } catch (const Error& e) {
-    throw Error(fmt::format("{}/{}: {}", checkpoint.dir, kStateFile, e.what()));
+    validate(config);
+  } catch (const Error& e) {  // named by flag, but the file is at fault: not a usage error
+    throw Error(fmt::format("{}: 'config': {}", state.where(), e.what()));
   }
+  return config;
 }
+
+namespace {
+
+// The saved configuration must describe the model in the checkpoint's model file: a state.json
+// edited (or copied from another run) to, say, a thousand layers is refused before the
+// trainer allocates them. The model file's own sizes are checked against its tensors by
+// causal_lm_config_from / classifier_config_from.
+template <typename ModelConfig>
+void check_same_architecture(const LoadedCheckpoint& checkpoint, const TrainConfig& c, const ModelConfig& m) {
+  const std::vector<std::tuple<const char*, int64_t, const char*, int64_t>> pairs = {
+      {"layers", c.layers, "num_layers", m.num_layers},
+      {"heads", c.heads, "nhead", m.nhead},
+      {"d_model", c.d_model, "d_model", m.d_model},
+      {"d_ff", c.d_ff, "dim_feedforward", m.dim_feedforward},
+      {"seq_len", c.seq_len, "max_seq_len", m.max_seq_len},
+      {"norm_first", c.norm_first, "norm_first", m.norm_first}};
+  for (const auto& [key, saved, meta, model] : pairs)
+    if (saved != model)
+      throw Error(fmt::format("{}: 'config.{}' is {}, but {} has {} {} (files of different runs?)",
+                              state_file_path(checkpoint), key, saved, checkpoint.model.path, meta, model));
+}
+
+void check_model_file(const LoadedCheckpoint& checkpoint, const TrainConfig& c) {
+  std::vector<std::string> labels;
+  if (c.task == TrainTask::kLanguageModel)
+    check_same_architecture(checkpoint, c, causal_lm_config_from(checkpoint.model));
+  else
+    check_same_architecture(checkpoint, c, classifier_config_from(checkpoint.model, labels));
+}
+
+}  // namespace
 
 void adopt_init_architecture(const std::string& path, TrainTask task, TrainConfig& c) {
   const SafetensorsFile file = read_safetensors(path);
@@ -176,7 +208,7 @@ void adopt_init_architecture(const std::string& path, TrainTask task, TrainConfi
 TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks, bool resume) {
   validate(config);
   if (!config.data.empty() && config.task == TrainTask::kLanguageId)
-    throw Error("--data applies to --task lm; langid uses the word lists in /usr/share/dict");
+    throw UsageError("--data applies to --task lm; langid uses the word lists in /usr/share/dict");
   std::unique_ptr<LoadedCheckpoint> checkpoint;
   bool replaced = false;
   if (resume) {
@@ -186,7 +218,8 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks, bo
     checkpoint = std::make_unique<LoadedCheckpoint>(load_checkpoint(config.out_dir, true));
     const TrainConfig saved = saved_train_config(*checkpoint);
     if (saved.task != config.task)
-      throw Error(fmt::format("--resume: the run in {} is --task {}", config.out_dir, task_name(saved.task)));
+      throw UsageError(fmt::format("--resume: the run in {} is --task {}", config.out_dir, task_name(saved.task)));
+    check_model_file(*checkpoint, saved);
     check_resume_config(saved, config);
   } else {
     replaced = clear_previous_run(config.out_dir);

@@ -65,6 +65,14 @@ struct MicroBatchResult {
 // schedule, the scale that makes its peak config.schedule.lr.
 void complete_schedule(TrainConfig& config);
 
+// Refuses, before anything is allocated, a run whose parameters, gradients, AdamW state and one
+// micro-batch's saved activations (a lower bound of what it will allocate) exceed the memory
+// this process may use (cabm/core/memory.h); the error names the flags. `parameters`: the
+// model's count; `outputs`: its logits per token (V) or per sequence (classes).
+void check_training_memory(const TrainConfig& config, double parameters, int64_t outputs);
+// An allocation failure while building the model or its optimizer, rethrown naming the flags.
+[[noreturn]] void rethrow_training_out_of_memory(const TrainConfig& config, const OutOfMemory& e);
+
 // The training mode of micro-batch `micro` of the step after `step`: its dropout masks are a
 // function of (seed, step · micro_batches + micro) alone, so a resumed run draws the same ones.
 ForwardMode micro_batch_mode(const TrainConfig& config, int64_t step, int64_t micro_batches, int64_t micro);

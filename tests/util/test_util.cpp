@@ -9,8 +9,13 @@
 #include <fstream>
 #include <sstream>
 
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 namespace cabm::test {
 
@@ -94,6 +99,54 @@ CmdResult run_cabm(const std::string& args) {
   r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
   r.out = read_file(dir + "/stdout");
   r.err = read_file(dir + "/stderr");
+  return r;
+}
+
+CmdResult run_cabm_limited(const std::vector<std::string>& args, const RunLimits& limits) {
+  static int counter = 0;
+  const std::string stem = temp_dir() + "/limited-" + std::to_string(counter++);
+  const std::string out = stem + ".out", err = stem + ".err";
+  std::vector<std::string> argv_strings = {cabm_binary()};
+  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : argv_strings) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_strings = {"CABM_NUM_THREADS=2"};
+  for (char** e = environ; *e != nullptr; ++e)
+    if (std::string(*e).rfind("CABM_NUM_THREADS=", 0) != 0) env_strings.emplace_back(*e);
+  std::vector<char*> envp;
+  for (std::string& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {  // the child: only async-signal-safe calls until exec
+    const int in_fd = open("/dev/null", O_RDONLY);
+    const int out_fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err_fd = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (in_fd < 0 || out_fd < 0 || err_fd < 0) _exit(126);
+    dup2(in_fd, 0);
+    dup2(out_fd, 1);
+    dup2(err_fd, 2);
+    if (limits.address_space > 0) {
+      const rlimit r{limits.address_space, limits.address_space};
+      if (setrlimit(RLIMIT_AS, &r) != 0) _exit(126);
+    }
+    if (limits.cpu_seconds > 0) {
+      const rlimit r{static_cast<rlim_t>(limits.cpu_seconds), static_cast<rlim_t>(limits.cpu_seconds)};
+      if (setrlimit(RLIMIT_CPU, &r) != 0) _exit(126);
+    }
+    if (limits.umask >= 0) umask(static_cast<mode_t>(limits.umask));
+    execve(argv[0], argv.data(), envp.data());
+    _exit(127);
+  }
+  int raw = 0;
+  while (waitpid(pid, &raw, 0) < 0 && errno == EINTR) {
+  }
+  CmdResult r;
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  r.signal = WIFSIGNALED(raw) ? WTERMSIG(raw) : 0;
+  r.out = read_file(out);
+  r.err = read_file(err);
   return r;
 }
 

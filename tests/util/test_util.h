@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace cabm::test {
 
@@ -54,9 +55,21 @@ std::string error_of(const std::function<void()>& f);  // whole file as bytes ("
 // its exit status (-1 if it did not exit normally), stdout and stderr.
 struct CmdResult {
   int status = -1;
+  int signal = 0;  // the signal that ended it (run_cabm_limited only; 0: it exited)
   std::string out, err;
 };
 CmdResult run_cabm(const std::string& args);
+
+// Runs `cabm ARGS` without a shell (fork + exec; CABM_NUM_THREADS=2, stdin from /dev/null),
+// with, set in the child before exec, an address-space limit (RLIMIT_AS, bytes; 0: none), a CPU
+// time limit (0: none) and a umask (-1: inherited). Under the limit a regression that allocates
+// without bound fails fast in the child instead of swapping the machine.
+struct RunLimits {
+  size_t address_space = size_t{2} << 30;
+  int cpu_seconds = 120;  // RLIMIT_CPU: a run that should have been refused cannot go on for long
+  int umask = -1;
+};
+CmdResult run_cabm_limited(const std::vector<std::string>& args, const RunLimits& limits = {});
 
 // The bad-input contract of the CLI: a non-zero status and exactly one line on stderr that
 // contains `needle` (the file, tensor or flag it names).
