@@ -1,12 +1,11 @@
 #include "cli/bench_util.h"
 
 #include "cabm/core/threads.h"
+#include "cabm/kernels/bf16.h"
 
 #include <omp.h>
 
-#if defined(__AVX512F__) || defined(__AVX2__)
 #include "cabm/kernels/x86_intrinsics.h"
-#endif
 
 #include <algorithm>
 #include <chrono>
@@ -14,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace cabm::cli {
 
@@ -63,6 +63,94 @@ double fma_loop(int64_t iterations, float* sink) {
   return 2.0 * kAcc * kLanes * static_cast<double>(iterations);
 }
 
+// 12 independent vdpbf16ps accumulators: 64 FLOPs each per iteration. Compiled for AVX512_BF16
+// by target attribute whatever the build's flags; called only where the CPU has it.
+__attribute__((target("avx512f,avx512bf16"))) double vdpbf16ps_loop(int64_t iterations, float* sink) {
+  constexpr int kAcc = 12;
+  __m512 acc[kAcc];
+  for (int a = 0; a < kAcc; ++a) acc[a] = _mm512_set1_ps(0.001f * a);
+  const __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80), y = (__m512bh)_mm512_set1_epi16(0x3380);  // 1, 6e-8
+  for (int64_t it = 0; it < iterations; ++it) {
+    for (int a = 0; a < kAcc; ++a) acc[a] = _mm512_dpbf16_ps(acc[a], x, y);
+  }
+  float total = 0;
+  for (int a = 0; a < kAcc; ++a) total += _mm512_reduce_add_ps(acc[a]);
+  *sink = total;
+  return 64.0 * kAcc * static_cast<double>(iterations);
+}
+
+struct alignas(64) AmxTileConfig {
+  uint8_t palette_id = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Four C tiles (0-3) fed by two A (4, 5) and two B (6, 7) tiles loaded once: 4 tdpbf16ps of
+// 16 · 16 · 32 multiply-adds per iteration. The tile configuration is per thread.
+__attribute__((target("amx-tile,amx-bf16"))) double amx_loop(int64_t iterations, float* sink) {
+  alignas(64) static const uint16_t ones[16 * 32] = {};  // bf16 zeros: the values do not matter
+  alignas(64) float out[16 * 16];
+  AmxTileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+  __asm__ volatile("" ::: "memory");  // GCC's tile asm has no memory operands
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, ones, 64);
+  _tile_loadd(5, ones, 64);
+  _tile_loadd(6, ones, 64);
+  _tile_loadd(7, ones, 64);
+  for (int64_t it = 0; it < iterations; ++it) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, out, 64);
+  __asm__ volatile("" ::: "memory");
+  _tile_release();
+  *sink = out[0];
+  return 4.0 * 2 * 16 * 16 * 32 * static_cast<double>(iterations);
+}
+
+// Peak FLOP/s of `loop` on num_threads() threads: one chunk calibrated on one thread to take
+// about seconds / 3, then all threads together, the best of three rounds (the machine may be
+// shared: the peak is what the cores can do, not what we got once).
+template <typename Loop>
+double measure_peak(Loop loop, double seconds) {
+  using Clock = std::chrono::steady_clock;
+  const int threads = num_threads();
+  std::vector<float> sinks(static_cast<size_t>(threads) * 16);
+  int64_t chunk = 1 << 10;
+  for (;;) {
+    const auto t0 = Clock::now();
+    loop(chunk, sinks.data());
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (dt > 0.01 || chunk > (int64_t{1} << 30)) {
+      chunk = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(chunk) * (seconds / 3) / dt));
+      break;
+    }
+    chunk *= 4;
+  }
+  double best = 0;
+  for (int round = 0; round < 3; ++round) {
+    double flops = 0;
+    const auto t0 = Clock::now();
+#pragma omp parallel num_threads(threads) reduction(+ : flops)
+    flops += loop(chunk, sinks.data() + 16 * omp_get_thread_num());
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = std::max(best, flops / dt);
+  }
+  return best;
+}
+
 int64_t status_field_kb(const char* field) {
   std::ifstream in("/proc/self/status");
   std::string line;
@@ -85,33 +173,14 @@ const char* fma_peak_isa() {
 #endif
 }
 
-double measure_fma_peak(double seconds) {
-  using Clock = std::chrono::steady_clock;
-  const int threads = num_threads();
-  std::vector<float> sinks(static_cast<size_t>(threads) * 16);
-  // Calibrate one chunk on one thread, then time all threads together; the best of three rounds
-  // (the machine may be shared: the peak is what the cores can do, not what we got once).
-  int64_t chunk = 1 << 16;
-  for (;;) {
-    const auto t0 = Clock::now();
-    fma_loop(chunk, sinks.data());
-    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (dt > 0.01 || chunk > (int64_t{1} << 30)) {
-      chunk = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(chunk) * (seconds / 3) / dt));
-      break;
-    }
-    chunk *= 4;
-  }
-  double best = 0;
-  for (int round = 0; round < 3; ++round) {
-    double flops = 0;
-    const auto t0 = Clock::now();
-#pragma omp parallel num_threads(threads) reduction(+ : flops)
-    flops += fma_loop(chunk, sinks.data() + 16 * omp_get_thread_num());
-    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    best = std::max(best, flops / dt);
-  }
-  return best;
+double measure_fma_peak(double seconds) { return measure_peak(fma_loop, seconds); }
+
+double measure_vdpbf16ps_peak(double seconds) {
+  return cpu_has_avx512_bf16() ? measure_peak(vdpbf16ps_loop, seconds) : 0.0;
+}
+
+double measure_amx_bf16_peak(double seconds) {
+  return cpu_has_amx_bf16() ? measure_peak(amx_loop, seconds) : 0.0;
 }
 
 int64_t current_rss_bytes() {

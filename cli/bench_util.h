@@ -12,6 +12,13 @@ namespace cabm::cli {
 double measure_fma_peak(double seconds = 0.3);
 const char* fma_peak_isa();  // "avx512", "avx2+fma" or "scalar"
 
+// The peaks of the bf16 product units the bf16 kernels use, measured the same way (FLOPs of
+// bf16 pairs: 2 per multiply-add, accumulated in fp32); 0 where the CPU lacks the unit.
+//   vdpbf16ps (AVX512_BF16): 16 lanes × 2 pairs per instruction, register-only loop
+//   AMX tdpbf16ps (AMX-BF16): 16 × 16 × 32 multiply-adds per instruction on four C tiles
+double measure_vdpbf16ps_peak(double seconds = 0.3);
+double measure_amx_bf16_peak(double seconds = 0.3);
+
 // Resident memory of this process, from /proc/self/status.
 struct MemoryProbe {
   // Resets the peak (VmHWM) to the current RSS by writing 5 to /proc/self/clear_refs (Linux >= 4.0)

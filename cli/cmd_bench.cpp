@@ -13,7 +13,10 @@
 // --precision bf16 times attention_flash_bf16_forward / _backward instead (the same values rounded
 // to bf16, out / lse / gradients F32); --precision both times fp32 and bf16 back to back for each
 // case and prints them side by side with the speed ratio (bf16 time / fp32 time inverted) and the
-// bf16 path that ran (avx512_bf16, avx2_fp32 or portable).
+// bf16 path that ran (amx_bf16, avx512_bf16, avx2_fp32 / avx512_fp32 or portable), and its speed
+// as a fraction of the peak of the unit that path uses: the header prints the FMA peak and, on
+// CPUs that have them, the vdpbf16ps and AMX tdpbf16ps peaks, each measured by a register-only
+// loop in the same run (cli/bench_util.h).
 #include "cli/bench_util.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
@@ -267,10 +270,26 @@ void validate(const BenchFlags& f) {
                        fmt::format("bench attention --batch {} --heads {} --n {} --d {}", f.batch, f.heads, n, d));
 }
 
+// The peak of the unit a bf16 path runs its products on (FLOP/s): the AMX tiles, vdpbf16ps, or
+// the fp32 FMAs (the paths that widen bf16 to fp32).
+struct Peaks {
+  double fma = 0, vdpbf16ps = 0, amx = 0;
+  double of_path(const std::string& path) const {
+    if (path == "amx_bf16" && amx > 0) return amx;
+    if (path == "avx512_bf16" && vdpbf16ps > 0) return vdpbf16ps;
+    return fma;
+  }
+};
+
 void bench_attention(const BenchFlags& f) {
   apply_threads(f.threads_option, f.threads);
   validate(f);
   const double peak = measure_fma_peak();
+  Peaks peaks{peak, 0, 0};
+  if (f.bf16()) {
+    peaks.vdpbf16ps = measure_vdpbf16ps_peak();
+    peaks.amx = measure_amx_bf16_peak();
+  }
   std::vector<Row> rows;
   const bool side_by_side = f.fp32() && f.bf16();
   if (!f.json) {
@@ -288,13 +307,19 @@ void bench_attention(const BenchFlags& f) {
       std::printf("bf16: attention_flash_bf16 on the same values rounded to bf16, timed after fp32 in the same run; "
                   "bf16/fp32 = fp32 time / bf16 time\n");
     std::printf("FMA peak (%s loop, %d threads): %.1f GFLOP/s\n", fma_peak_isa(), num_threads(), peak * 1e-9);
+    if (peaks.vdpbf16ps > 0)
+      std::printf("vdpbf16ps peak (AVX512_BF16 loop, %d threads): %.1f GFLOP/s\n", num_threads(), peaks.vdpbf16ps * 1e-9);
+    if (peaks.amx > 0)
+      std::printf("AMX tdpbf16ps peak (4 tiles, %d threads): %.1f GFLOP/s\n", num_threads(), peaks.amx * 1e-9);
+    if (side_by_side) std::printf("bf16_%%unit: bf16 GFLOP/s as %% of the peak of the unit its path uses\n");
     std::printf("GFLOP/s: forward 4*B*H*d*pairs, backward 2.5x, pairs = attended (query, key) pairs only\n");
     std::printf(
         "mem: peak RSS increase during the calls (inputs, outputs, gradients excluded); ref: reference kernel, skipped for N > %lld\n\n",
         static_cast<long long>(kReferenceMaxN));
     std::printf("%6s %5s %-8s %-8s %10s %9s %6s %8s %10s %8s %8s", "N", "d", "mask", "pass", "time_ms", "GFLOP/s",
                 "%peak", "mem_MiB", "ref_ms", "ref_MiB", "speedup");
-    if (side_by_side) std::printf(" %10s %9s %9s %-12s", "bf16_ms", "bf16_GF/s", "bf16/fp32", "bf16_path");
+    if (side_by_side)
+      std::printf(" %10s %9s %9s %10s %-12s", "bf16_ms", "bf16_GF/s", "bf16/fp32", "bf16_%unit", "bf16_path");
     std::printf("\n");
     std::fflush(stdout);
   }
@@ -311,8 +336,9 @@ void bench_attention(const BenchFlags& f) {
                         r.reference_memory ? mib(*r.reference_memory).c_str() : "-",
                         r.reference_seconds ? fmt::format("{:.1f}x", *r.reference_seconds / r.seconds).c_str() : "-");
             if (r.bf16)
-              std::printf(" %10.3f %9.2f %9.2f %-12s", r.bf16->seconds * 1e3, r.flops / r.bf16->seconds * 1e-9,
-                          r.seconds / r.bf16->seconds, r.bf16_path.c_str());
+              std::printf(" %10.3f %9.2f %9.2f %10.1f %-12s", r.bf16->seconds * 1e3, r.flops / r.bf16->seconds * 1e-9,
+                          r.seconds / r.bf16->seconds, 100.0 * r.flops / r.bf16->seconds / peaks.of_path(r.bf16_path),
+                          r.bf16_path.c_str());
             std::printf("\n");
             std::fflush(stdout);
           }
@@ -331,6 +357,8 @@ void bench_attention(const BenchFlags& f) {
     j["heads"] = f.heads;
     j["repeats"] = f.repeats;
     j["peak_gflops"] = peak * 1e-9;
+    if (peaks.vdpbf16ps > 0) j["vdpbf16ps_peak_gflops"] = peaks.vdpbf16ps * 1e-9;
+    if (peaks.amx > 0) j["amx_bf16_peak_gflops"] = peaks.amx * 1e-9;
     j["flop_convention"] = "forward 4*B*H*d*attended_pairs, backward 2.5x forward";
     j["memory"] = "peak RSS increase during the timed calls, bytes (inputs, outputs and gradients excluded)";
     j["cases"] = nlohmann::json::array();
@@ -355,6 +383,7 @@ void bench_attention(const BenchFlags& f) {
         c["bf16_time_ms"] = r.bf16->seconds * 1e3;
         c["bf16_gflops"] = r.flops / r.bf16->seconds * 1e-9;
         c["bf16_percent_peak"] = 100.0 * r.flops / r.bf16->seconds / peak;
+        c["bf16_percent_unit_peak"] = 100.0 * r.flops / r.bf16->seconds / peaks.of_path(r.bf16_path);
         c["bf16_memory_bytes"] = r.bf16->memory;
         c["bf16_speed_vs_fp32"] = r.seconds / r.bf16->seconds;
       }
