@@ -205,7 +205,15 @@ std::string save_checkpoint(const std::string& run_dir, const CheckpointWrite& c
       if (*it != name) ++kept;
       continue;
     }
-    fs::remove_all(fs::path(run_dir) / *it, ec);
+    // Renamed out of the step-* names first (one atomic rename), then deleted: a kill inside
+    // remove_all would otherwise leave a step-N directory with some of its files gone, which
+    // `cabm eval --checkpoint DIR/step-N` then refuses (tests/cli/test_cli_crash_safety.cpp
+    // found an empty one). What a kill leaves now is a .old-step-* leftover, which the next save
+    // or fresh run removes.
+    const fs::path doomed = fs::path(run_dir) / fmt::format(".old-{}-{}", *it, ::getpid());
+    fs::remove_all(doomed, ec);
+    fs::rename(fs::path(run_dir) / *it, doomed, ec);
+    fs::remove_all(ec ? fs::path(run_dir) / *it : doomed, ec);
   }
   return (fs::path(run_dir) / name).string();
 }
@@ -281,6 +289,16 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool for_resume) {
     throw Error(fmt::format("{}: missing {} (needed to resume)", out.dir, kStateFile));
   } else {
     out.state = nlohmann::json::object();
+  }
+  if (for_resume && out.dir != path) {
+    // Resuming a run directory: what a killed save left is removed here too, not only by the
+    // next save. A kill after the last save's `latest` update but before its housekeeping
+    // leaves a finished run with latest.tmp.* or .old-step-* that no later save would remove
+    // (the resumed run has no step left to train); tests/cli/test_cli_crash_safety.cpp found
+    // one. Done once the checkpoint has loaded, so that a refused resume changes nothing.
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(path, ec))
+      if (is_save_leftover(entry.path().filename().string())) fs::remove_all(entry.path(), ec);
   }
   return out;
 }

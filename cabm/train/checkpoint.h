@@ -16,8 +16,9 @@
 // (latest.tmp.PID + rename, the directory flushed before and after). A crash at any moment
 // leaves `latest` naming a complete checkpoint (the previous one until the new one is whole);
 // what a killed save leaves (.tmp-step-*, .old-step-*, latest.tmp.*) is ignored and removed by
-// the next save or fresh run. Older checkpoints beyond `keep` are deleted only after `latest`
-// points at the new one.
+// the next save, a fresh run or a resume (load_checkpoint for_resume). Older checkpoints beyond
+// `keep` are deleted only after `latest` points at the new one, each renamed to .old-step-* first
+// so that a kill during the deletion never leaves a half-deleted step-N.
 #pragma once
 
 #include "cabm/io/safetensors.h"

@@ -8,10 +8,13 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <filesystem>
 #include <memory>
 #include <tuple>
+#include <vector>
 
 namespace cabm {
 
@@ -23,13 +26,24 @@ namespace fs = std::filesystem;
 bool clear_previous_run(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return false;
-  bool removed = false;
+  // `latest` goes first (a kill after it leaves no pointer to a checkpoint being deleted), then
+  // each old checkpoint is renamed to a save leftover before it is deleted (a kill during the
+  // deletion leaves only a leftover, which the next save removes, never a half-deleted step-N).
+  bool removed = fs::remove(fs::path(dir) / kLatestFile, ec);
+  std::vector<fs::path> doomed;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name == kLatestFile || (entry.is_directory() && name.rfind("step-", 0) == 0) || is_save_leftover(name)) {
-      fs::remove_all(entry.path(), ec);
-      removed = true;
+    if ((entry.is_directory() && name.rfind("step-", 0) == 0) || is_save_leftover(name)) doomed.push_back(entry.path());
+  }
+  for (const fs::path& path : doomed) {
+    const std::string name = path.filename().string();
+    fs::path target = path;
+    if (!is_save_leftover(name)) {
+      target = path.parent_path() / fmt::format(".old-{}-{}", name, ::getpid());
+      if (fs::rename(path, target, ec); ec) target = path;
     }
+    fs::remove_all(target, ec);
+    removed = true;
   }
   return removed;
 }
