@@ -28,6 +28,7 @@
 #include "cabm/core/error.h"
 #include "cabm/core/tensor.h"
 #include "cabm/core/threads.h"
+#include "cabm/interop/pytorch_forward.h"
 #include "cabm/interop/pytorch_modules.h"
 #include "cabm/interop/state_dict.h"
 #include "cabm/io/safetensors.h"

@@ -16,6 +16,7 @@
 #include <limits>
 #include <optional>
 #include <set>
+#include <string_view>
 #include <vector>
 
 namespace cabm {
@@ -119,6 +120,24 @@ class InputFile {
   std::string path_;
   int fd_ = -1;
   uint64_t size_ = 0;
+};
+
+// The same interface over bytes in memory (parse_safetensors): a file that is already read.
+class MemoryInput {
+ public:
+  MemoryInput(std::string_view bytes, const std::string& name) : bytes_(bytes), path_(name) {}
+
+  uint64_t size() const { return bytes_.size(); }
+
+  void read_at(uint64_t offset, void* dst, uint64_t bytes, const std::string& what) const {
+    if (offset > bytes_.size() || bytes > bytes_.size() - offset)
+      fail(path_, "file ended at byte {} while reading {}", std::min<uint64_t>(offset, bytes_.size()), what);
+    if (bytes > 0) std::memcpy(dst, bytes_.data() + offset, static_cast<size_t>(bytes));
+  }
+
+ private:
+  std::string_view bytes_;
+  std::string path_;
 };
 
 // Parses the header, rejecting repeated keys in any object (nlohmann would keep the last one
@@ -279,8 +298,8 @@ void check_coverage(const std::string& path, std::vector<Entry>& entries, uint64
 
 // Reads `count` elements of type From at `offset`, converting each into dst, a chunk at a time
 // so a converted tensor never needs a second full-size copy.
-template <typename From, typename To, typename Convert>
-void read_converted(const InputFile& file, uint64_t offset, uint64_t count, To* dst, Convert convert,
+template <typename From, typename To, typename Convert, typename Source>
+void read_converted(const Source& file, uint64_t offset, uint64_t count, To* dst, Convert convert,
                     const std::string& what) {
   constexpr uint64_t kChunk = uint64_t{1} << 16;
   std::vector<From> chunk(static_cast<size_t>(std::min(count, kChunk)));
@@ -298,7 +317,8 @@ void check_bool_bytes(const std::string& path, const Tensor& t, const std::strin
     if (p[i] > 1) fail_tensor(path, name, "BOOL element {} is {}, not 0 or 1", i, p[i]);
 }
 
-Tensor read_tensor(const std::string& path, const InputFile& file, uint64_t buffer_start, const Entry& e) {
+template <typename Source>
+Tensor read_tensor(const std::string& path, const Source& file, uint64_t buffer_start, const Entry& e) {
   Tensor t = Tensor::empty(e.shape, e.dtype->to);
   const uint64_t offset = buffer_start + e.begin;
   const uint64_t count = static_cast<uint64_t>(t.numel());
@@ -433,8 +453,11 @@ const std::string& SafetensorsFile::get_metadata(const std::string& key) const {
   return *value;
 }
 
-SafetensorsFile read_safetensors(const std::string& path) {
-  const InputFile file(path);
+namespace {
+
+// The reader over either source; `path` names it in errors.
+template <typename Source>
+SafetensorsFile read_from(const std::string& path, const Source& file) {
   if (file.size() < 8) fail(path, "file is {} bytes, too short for a safetensors header (8-byte length first)", file.size());
   uint64_t header_bytes = 0;
   file.read_at(0, &header_bytes, 8, "the header length");
@@ -461,6 +484,18 @@ SafetensorsFile read_safetensors(const std::string& path) {
   // Only now, with every entry checked, allocate; read in file order.
   for (const Entry& e : entries) out.tensors.emplace(e.name, read_tensor(path, file, buffer_start, e));
   return out;
+}
+
+}  // namespace
+
+SafetensorsFile read_safetensors(const std::string& path) {
+  const InputFile file(path);
+  return read_from(path, file);
+}
+
+SafetensorsFile parse_safetensors(std::string_view bytes, const std::string& name) {
+  const MemoryInput input(bytes, name);
+  return read_from(name, input);
 }
 
 void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,

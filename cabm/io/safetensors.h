@@ -10,6 +10,7 @@
 
 #include <map>
 #include <string>
+#include <string_view>
 
 namespace cabm {
 
@@ -38,6 +39,9 @@ struct SafetensorsFile {
 // torch's .float() does); I32 → I64 exactly. Other dtypes (U8, I8, F8_*, ...) are errors.
 // JSON objects with a repeated key are errors. Unknown fields in a tensor entry are ignored.
 SafetensorsFile read_safetensors(const std::string& path);
+// The same checks and result for a file's bytes already in memory; `name` stands for the path
+// in errors and in SafetensorsFile::path.
+SafetensorsFile parse_safetensors(std::string_view bytes, const std::string& name);
 
 // Writes tensors (any strides; F32, BF16, BOOL or I64) sorted by name, the header padded with
 // spaces so the buffer starts 8-byte aligned; empty metadata is omitted. The file appears

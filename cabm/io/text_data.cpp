@@ -100,11 +100,15 @@ std::string read_file_bytes(const std::string& path) {
   return out;
 }
 
+void check_utf8_text(std::string_view text, const std::string& source) {
+  if (text.empty()) throw Error(fmt::format("{}: file is empty", source));
+  if (const auto bad = find_invalid_utf8(text))
+    throw Error(fmt::format("{}: not valid UTF-8 (byte offset {})", source, *bad));
+}
+
 std::string read_utf8_file(const std::string& path) {
   std::string text = read_file_bytes(path);
-  if (text.empty()) throw Error(fmt::format("{}: file is empty", path));
-  if (const auto bad = find_invalid_utf8(text))
-    throw Error(fmt::format("{}: not valid UTF-8 (byte offset {})", path, *bad));
+  check_utf8_text(text, path);
   return text;
 }
 
@@ -223,7 +227,12 @@ TextSplit load_fortunes(const std::string& dir, double validation_fraction) {
 
 TextSplit load_text_file(const std::string& path, double validation_fraction) {
   CABM_CHECK(validation_fraction > 0 && validation_fraction < 1, "validation fraction must lie in (0, 1)");
-  std::string text = read_utf8_file(path);
+  return split_text(read_utf8_file(path), validation_fraction, path);
+}
+
+TextSplit split_text(std::string text, double validation_fraction, const std::string& source) {
+  CABM_CHECK(validation_fraction > 0 && validation_fraction < 1, "validation fraction must lie in (0, 1)");
+  check_utf8_text(text, source);
   size_t cut = static_cast<size_t>(static_cast<double>(text.size()) * (1.0 - validation_fraction));
   // Start the held-out part at a line boundary when one is near (within 1/4 of it).
   const size_t newline = text.find('\n', cut);
@@ -231,7 +240,7 @@ TextSplit load_text_file(const std::string& path, double validation_fraction) {
       newline + 1 - cut <= static_cast<size_t>(static_cast<double>(text.size()) * validation_fraction / 4))
     cut = newline + 1;
   TextSplit split;
-  split.source = path;
+  split.source = source;
   split.validation = text.substr(cut);
   text.resize(cut);
   split.train = std::move(text);

@@ -41,6 +41,8 @@ std::string read_file_bytes(const std::string& path);
 // A UTF-8 text file: errors for missing/unreadable/empty files and for invalid UTF-8 (naming
 // the byte offset).
 std::string read_utf8_file(const std::string& path);
+// The same checks on text already in memory; `source` names it in errors.
+void check_utf8_text(std::string_view text, const std::string& source);
 
 // The cleaned entries of one fortune file / every fortune file of a directory (sorted by file
 // name). Errors when the directory has no fortune file.
@@ -54,6 +56,8 @@ TextSplit split_documents(const std::vector<std::string>& documents, double vali
                           const std::string& source);
 TextSplit load_fortunes(const std::string& dir = kFortunesDir, double validation_fraction = 0.05);
 TextSplit load_text_file(const std::string& path, double validation_fraction = 0.1);
+// load_text_file's split of a file's bytes already in memory (checked as read_utf8_file does).
+TextSplit split_text(std::string text, double validation_fraction, const std::string& source);
 
 // B windows of T + 1 bytes at uniform random offsets of `text` (which must hold at least
 // T + 1 bytes): inputs[b, t] = text[o_b + t], targets[b, t] = text[o_b + t + 1]. Consumes

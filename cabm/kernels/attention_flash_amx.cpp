@@ -30,7 +30,9 @@ int64_t round_up(int64_t a, int64_t b) {
 
 #define CABM_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 #pragma GCC diagnostic push
+#ifndef __clang__  // a GCC-only warning group; clang warns about the unknown name
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 // GCC's tileloadd asm has no memory operand: without this barrier the compiler may keep the
 // stores that fill a tile's source (P, the rescaled O) after the load that reads them.

@@ -132,7 +132,9 @@ void softmax_rows_portable(float* s, int64_t lds, int64_t ni, int64_t nk16, cons
 #if defined(CABM_HAVE_AVX512_BF16_CODE)
 #define CABM_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 #pragma GCC diagnostic push
+#ifndef __clang__  // a GCC-only warning group; clang warns about the unknown name
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 CABM_AVX512_BF16 inline __m512 dot2(__m512 acc, __m512i a, __m512i b) {
   return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);

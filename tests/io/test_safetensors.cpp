@@ -565,5 +565,54 @@ TEST(SafetensorsCorruption, ReadsOrThrowsNeverCrashes) {
   EXPECT_GT(read_ok, 0);  // and some, e.g. flips in float data, still read
 }
 
+// parse_safetensors (bytes in memory; what tests/fuzz/fuzz_safetensors runs) and
+// read_safetensors (a file) are one reader: for the valid file and for corrupted ones, the same
+// tensors or the same message, with the name given in place of the path.
+TEST(SafetensorsInMemory, AgreesWithTheFileReader) {
+  const std::string valid_path = temp_path("memory_valid.safetensors");
+  write_safetensors(valid_path, every_dtype(), {{"k", "v"}});
+  const std::string valid = read_bytes(valid_path);
+  const std::string path = temp_path("memory.safetensors");
+  std::mt19937_64 rng(7);
+  int read_ok = 0, threw = 0;
+  for (int variant = 0; variant < 200; ++variant) {
+    std::string bytes = valid;
+    if (variant > 0) {
+      const size_t at = std::uniform_int_distribution<size_t>(0, bytes.size() - 1)(rng);
+      if (variant % 5 == 0) bytes.resize(at);
+      else bytes[at] = static_cast<char>(std::uniform_int_distribution<int>(0, 255)(rng));
+    }
+    write_bytes(path, bytes);
+    std::string file_error, memory_error;
+    SafetensorsFile from_file, from_memory;
+    try {
+      from_file = read_safetensors(path);
+    } catch (const Error& e) {
+      file_error = e.what();
+    }
+    try {
+      from_memory = parse_safetensors(bytes, path);
+    } catch (const Error& e) {
+      memory_error = e.what();
+    }
+    SCOPED_TRACE("variant " + std::to_string(variant));
+    EXPECT_EQ(memory_error, file_error);
+    if (!file_error.empty()) {
+      ++threw;
+      continue;
+    }
+    ++read_ok;
+    EXPECT_EQ(from_memory.path, path);
+    EXPECT_EQ(from_memory.metadata, from_file.metadata);
+    ASSERT_EQ(from_memory.tensors.size(), from_file.tensors.size());
+    for (const auto& [name, t] : from_file.tensors) expect_same(from_memory.get(name), t, name);
+  }
+  EXPECT_GT(threw, 20);
+  EXPECT_GT(read_ok, 20);
+  EXPECT_NE(test::error_of([] { parse_safetensors(std::string_view("\x05\0\0\0", 4), "bytes.safetensors"); })
+                .find("bytes.safetensors: file is 4 bytes, too short"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace cabm

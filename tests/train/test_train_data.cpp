@@ -122,6 +122,20 @@ TEST(TextFile, SplitsAtTheEnd) {
   EXPECT_NEAR(static_cast<double>(s.validation.size()) / text.size(), 0.1, 0.03);
 }
 
+// split_text is load_text_file on bytes already in memory (what tests/fuzz/fuzz_text_data runs).
+TEST(TextFile, SplitTextIsLoadTextFileOnABuffer) {
+  std::string text;
+  for (int i = 0; i < 50; ++i) text += "r\xC3\xA9sum\xC3\xA9 " + std::to_string(i) + "\n";
+  const TextSplit from_file = load_text_file(write_temp("buffer.txt", text), 0.2);
+  const TextSplit from_buffer = split_text(text, 0.2, "buffer");
+  EXPECT_EQ(from_buffer.train, from_file.train);
+  EXPECT_EQ(from_buffer.validation, from_file.validation);
+  EXPECT_EQ(from_buffer.source, "buffer");
+  EXPECT_NE(error_of([] { split_text("", 0.1, "buffer"); }).find("buffer: file is empty"), std::string::npos);
+  EXPECT_NE(error_of([] { split_text("ok \xC0\xAF", 0.1, "buffer"); }).find("buffer: not valid UTF-8 (byte offset 3)"),
+            std::string::npos);
+}
+
 TEST(Windows, RandomWindowsAreShiftedPairsAndReproducible) {
   const std::string text = "abcdefghijklmnopqrstuvwxyz";
   const int64_t B = 50, T = 5;
