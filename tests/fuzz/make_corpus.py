@@ -1,0 +1,284 @@
+#!/usr/bin/python3
+"""Seed corpora for cabm's libFuzzer targets (tests/fuzz/fuzz_*.cpp): valid and near-valid
+inputs for each, written as OUT/<target>/<name>. Standard library only.
+
+    python3 tests/fuzz/make_corpus.py build/fuzz/corpus            # every target
+    python3 tests/fuzz/make_corpus.py build/fuzz/corpus forward    # some
+"""
+import json
+import os
+import struct
+import sys
+
+TARGETS = ["safetensors", "state_json", "model_metadata", "forward", "text_data"]
+
+# ---------------------------------------------------------------------------------------------
+# safetensors, built by hand: u64 header length, JSON header, one buffer.
+
+FORMATS = {"F32": "f", "F64": "d", "I64": "q", "I32": "i", "BOOL": "B", "F16": "e"}
+
+
+def pack(dtype, values):
+    if dtype == "BF16":  # the upper half of the F32 bits
+        return b"".join(struct.pack("<I", struct.unpack("<I", struct.pack("<f", v))[0])[2:] for v in values)
+    return struct.pack("<%d%s" % (len(values), FORMATS[dtype]), *values)
+
+
+def numel(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def values(n, scale=0.1, offset=0):
+    return [((i * 7 + offset) % 11 - 5) * scale for i in range(n)]
+
+
+def safetensors(tensors, metadata=None, pad=True):
+    """tensors: {name: (dtype, shape, values)}; names sorted, as write_safetensors does."""
+    header, data = {}, b""
+    if metadata:
+        header["__metadata__"] = metadata
+    for name in sorted(tensors):
+        dtype, shape, vals = tensors[name]
+        raw = pack(dtype, vals)
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    text = json.dumps(header, separators=(",", ":")).encode()
+    if pad:
+        text += b" " * ((8 - len(text) % 8) % 8)
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def f32(shape, scale=0.1, offset=0):
+    return ("F32", shape, values(numel(shape), scale, offset))
+
+
+# ---------------------------------------------------------------------------------------------
+# PyTorch modules (cabm forward) and cabm models (model metadata).
+
+
+def mha_tensors(prefix, E, bias=True):
+    t = {prefix + "in_proj_weight": f32([3 * E, E]), prefix + "out_proj.weight": f32([E, E], offset=3)}
+    if bias:
+        t[prefix + "in_proj_bias"] = f32([3 * E], offset=1)
+        t[prefix + "out_proj.bias"] = f32([E], offset=2)
+    return t
+
+
+def layer_tensors(prefix, E, F):
+    t = mha_tensors(prefix + "self_attn.", E)
+    t.update({prefix + "linear1.weight": f32([F, E]), prefix + "linear1.bias": f32([F]),
+              prefix + "linear2.weight": f32([E, F]), prefix + "linear2.bias": f32([E]),
+              prefix + "norm1.weight": ("F32", [E], [1.0] * E), prefix + "norm1.bias": f32([E]),
+              prefix + "norm2.weight": ("F32", [E], [1.0] * E), prefix + "norm2.bias": f32([E])})
+    return t
+
+
+def encoder_model(E=4, F=8, layers=2, nhead=2, norm=True, **meta):
+    t = {}
+    for l in range(layers):
+        t.update(layer_tensors("layers.%d." % l, E, F))
+    if norm:
+        t["norm.weight"] = ("F32", [E], [1.0] * E)
+        t["norm.bias"] = f32([E])
+    m = {"module": "TransformerEncoder", "nhead": str(nhead)}
+    m.update(meta)
+    return t, m
+
+
+def cabm_model(kind, V=6, T=4, E=4, F=8, layers=1, nhead=2, positional="learned", tie_head=True, classes=2,
+               final_norm=True, extra_meta=None):
+    t = {"embed.weight": f32([V, E])}
+    if positional == "learned":
+        t["pos_embed.weight"] = f32([T, E], offset=5)
+    for l in range(layers):
+        t.update(layer_tensors("encoder.layers.%d." % l, E, F))
+    m = {"model": kind, "vocab_size": str(V), "max_seq_len": str(T), "d_model": str(E), "nhead": str(nhead),
+         "num_layers": str(layers), "dim_feedforward": str(F), "dropout": "0.1", "activation": "gelu",
+         "norm_first": "true", "layer_norm_eps": "1e-05", "positional": positional, "tokenizer": "bytes"}
+    if kind == "CausalLM":
+        t["encoder.norm.weight"] = ("F32", [E], [1.0] * E)
+        t["encoder.norm.bias"] = f32([E])
+        m["tie_head"] = "true" if tie_head else "false"
+        if not tie_head:
+            t["head.weight"] = f32([V, E])
+    else:
+        if final_norm:
+            t["encoder.norm.weight"] = ("F32", [E], [1.0] * E)
+            t["encoder.norm.bias"] = f32([E])
+        t["classifier.weight"] = f32([classes, E])
+        t["classifier.bias"] = f32([classes])
+        m.update({"num_classes": str(classes), "final_norm": "true" if final_norm else "false",
+                  "labels": ",".join("l%d" % i for i in range(classes))})
+    if extra_meta:
+        m.update(extra_meta)
+    return safetensors(t, m)
+
+
+def forward_pair(model, inp):
+    return struct.pack("<I", len(model)) + model + inp
+
+
+def corpus_safetensors():
+    out = {
+        "empty_header": safetensors({}),
+        "one_f32": safetensors({"x": f32([2, 3])}),
+        "every_dtype": safetensors({
+            "a": f32([2]), "b": ("BF16", [3], [1.0, -2.0, 0.5]), "c": ("BOOL", [4], [0, 1, 1, 0]),
+            "d": ("I64", [2], [1, -7]), "e": ("F16", [2], [1.5, -0.25]), "f": ("F64", [2], [1e300, -3.0]),
+            "g": ("I32", [3], [1, 2, -3])}, {"format": "pt", "k": "v"}),
+        "zero_sized": safetensors({"z": ("F32", [0, 5], []), "s": ("F32", [], [3.0])}),
+        "unpadded": safetensors({"x": f32([1])}, pad=False),
+        "bad_bool": safetensors({"b": ("BOOL", [2], [0, 2])}),
+        "bad_dtype": safetensors({"u": ("F32", [2], [1.0, 2.0])}).replace(b'"F32"', b'"U8" '),
+    }
+    good = out["one_f32"]
+    out["truncated"] = good[:-3]
+    out["short_length"] = good[:5]
+    out["header_runs_past"] = struct.pack("<Q", 1000) + good[8:]
+    entry = b'"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}'
+    repeated = b"{" + entry + b"," + entry + b"}"
+    out["repeated_key"] = struct.pack("<Q", len(repeated)) + repeated + pack("F32", [1.0])
+    return out
+
+
+def corpus_model_metadata():
+    out = {
+        "causal_lm": cabm_model("CausalLM"),
+        "causal_lm_untied_sinusoidal": cabm_model("CausalLM", positional="sinusoidal", tie_head=False, layers=2),
+        "classifier": cabm_model("Classifier", classes=3),
+        "classifier_no_final_norm": cabm_model("Classifier", final_norm=False),
+        "huge_vocab": cabm_model("CausalLM", extra_meta={"vocab_size": "9223372036854775807"}),
+        "more_layers": cabm_model("CausalLM", extra_meta={"num_layers": "2147483648"}),
+        "sinusoidal_long": cabm_model("CausalLM", positional="sinusoidal", extra_meta={"max_seq_len": "100000000"}),
+        "nhead_not_dividing": cabm_model("Classifier", extra_meta={"nhead": "3"}),
+        "labels_mismatch": cabm_model("Classifier", extra_meta={"labels": "a,b,c"}),
+        "float_size": cabm_model("CausalLM", extra_meta={"d_model": "4.0"}),
+        "nan_eps": cabm_model("CausalLM", extra_meta={"layer_norm_eps": "nan"}),
+        "no_kind": safetensors({"embed.weight": f32([2, 2])}, {"vocab_size": "2"}),
+    }
+    return out
+
+
+def corpus_forward():
+    E = 4
+    enc, enc_meta = encoder_model(E=E)
+    model = safetensors(enc, enc_meta)
+    src = f32([2, 3, E])
+    out = {
+        "encoder": forward_pair(model, safetensors({"src": src})),
+        "encoder_masks": forward_pair(model, safetensors({
+            "src": src, "mask": ("BOOL", [3, 3], [0, 1, 1, 0, 0, 1, 0, 0, 0]),
+            "src_key_padding_mask": ("BOOL", [2, 3], [0, 0, 1, 0, 1, 1])}, {"is_causal": "true"})),
+        "encoder_float_mask": forward_pair(model, safetensors({
+            "src": src, "mask": ("F32", [2 * 2, 3, 3], [0.0, -1e30, 0.5] * 12)})),
+        "encoder_fully_masked": forward_pair(model, safetensors({
+            "src": src, "src_key_padding_mask": ("BOOL", [2, 3], [1, 1, 1, 0, 0, 0])})),
+    }
+    layer = layer_tensors("", E, 6)
+    layer_model = safetensors(layer, {"module": "TransformerEncoderLayer", "nhead": "2", "norm_first": "true",
+                                      "activation": "gelu", "layer_norm_eps": "1e-6"})
+    out["layer"] = forward_pair(layer_model, safetensors({"src": f32([1, 5, E])}, {"is_causal": "false"}))
+    out["layer_no_metadata"] = forward_pair(safetensors(layer, {"nhead": "1"}), safetensors({"src": f32([1, 2, E])}))
+    mha = safetensors(mha_tensors("", E), {"module": "MultiheadAttention", "nhead": "2"})
+    q, k = f32([2, 3, E]), f32([2, 4, E], offset=4)
+    out["mha"] = forward_pair(mha, safetensors({"query": q, "key": k, "value": k}))
+    out["mha_masks"] = forward_pair(mha, safetensors({
+        "query": q, "key": k, "value": k, "attn_mask": ("BOOL", [3, 4], [0, 1, 0, 0] * 3),
+        "key_padding_mask": ("F32", [2, 4], [0.0, 0.0, -1e9, 0.0] * 2)},
+        {"need_weights": "true", "average_attn_weights": "false", "is_causal": "true"}))
+    sep = {"q_proj_weight": f32([E, E]), "k_proj_weight": f32([E, 3]), "v_proj_weight": f32([E, 5]),
+           "out_proj.weight": f32([E, E])}
+    out["mha_kdim_vdim"] = forward_pair(safetensors(sep, {"nhead": "4"}), safetensors({
+        "query": f32([1, 2, E]), "key": f32([1, 3, 3]), "value": f32([1, 3, 5])}, {"need_weights": "false"}))
+    out["unexpected_input"] = forward_pair(model, safetensors({"src": src, "attn_mask": ("BOOL", [3, 3], [0] * 9)}))
+    out["wrong_width"] = forward_pair(model, safetensors({"src": f32([1, 2, E + 1])}))
+    return out
+
+
+def state(**changes):
+    config = {"task": "lm", "data": "", "init": "", "out": "runs/lm", "layers": 2, "heads": 2, "d_model": 16,
+              "d_ff": 32, "seq_len": 16, "batch_size": 4, "accum": 1, "steps": 10, "warmup": 2,
+              "eval_interval": 5, "checkpoint_interval": 5, "log_interval": 1, "eval_windows": 4,
+              "keep_checkpoints": 2, "sample_tokens": 0, "dropout": 0.1, "norm_first": True,
+              "schedule": "cosine", "lr": 0.001, "min_lr_ratio": 0.1, "beta1": 0.9, "beta2": 0.999,
+              "eps": 1e-8, "weight_decay": 0.01, "clip": 1.0, "seed": 1, "precision": "fp32"}
+    s = {"format": 1, "task": "lm", "step": 5, "seed": 1, "data_rng": {"seed": 12345, "position": 40},
+         "data": {"source": "fortunes"}, "tokenizer": "bytes", "config": config, "metrics": {}}
+    for key, value in changes.items():
+        if key.startswith("config_"):
+            if value is None:
+                del config[key[7:]]
+            else:
+                config[key[7:]] = value
+        elif value is None:
+            del s[key]
+        else:
+            s[key] = value
+    return json.dumps(s, indent=2).encode() + b"\n"
+
+
+def corpus_state_json():
+    return {
+        "valid": state(),
+        "langid_bf16": state(config_task="langid", config_precision="bf16", config_schedule="warmup"),
+        "no_precision": state(config_precision=None),
+        "huge_steps": state(config_steps=4.3e39),
+        "fraction_position": state(data_rng={"seed": 1, "position": 1.5}),
+        "negative_seed": state(seed=-1),
+        "layers_1e12": state(config_layers=10 ** 12),
+        "heads_not_dividing": state(config_heads=3),
+        "string_number": state(config_accum="7"),
+        "nan_literal": state().replace(b'"lr": 0.001', b'"lr": NaN'),
+        "not_object": b"[1, 2, 3]\n",
+        "no_step": state(step=None),
+        "truncated": state()[:200],
+        "unicode_keys": state(config_data="\u00e9\u00e8\ud7ff"),
+    }
+
+
+def corpus_text_data():
+    fortune = (b"You will be fortunate.\n%\nA\bB overstruck, \x07bell and\ttab.\r\n%\n%\n"
+               b"Caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\n%\nlast entry without separator")
+    return {
+        "ascii": b"\x10" + b"The quick brown fox jumps over the lazy dog.\n" * 4,
+        "fortunes": b"\x05" + fortune,
+        "utf8": b"\x03" + "na\u00efve \u6f22\u5b57 \U0001f600 \u00e9t\u00e9\n".encode() * 3,
+        "invalid_continuation": b"\x02abc\x80def\n",
+        "overlong": b"\x02\xc0\xafslash\n",
+        "surrogate": b"\x02\xed\xa0\x80x\n",
+        "truncated_sequence": b"\x01abc\xe2\x82",
+        "above_max": b"\x04\xf4\x90\x80\x80\n",
+        "empty_after_length": b"\x07",
+        "only_separators": b"\x01%\n%\n%\n",
+        "crlf_lines": b"\x08line one\r\nline two\r\n%\r\nline three\r\n",
+        "short": b"\x1fab",
+    }
+
+
+CORPORA = {"safetensors": corpus_safetensors, "state_json": corpus_state_json,
+           "model_metadata": corpus_model_metadata, "forward": corpus_forward, "text_data": corpus_text_data}
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    out_dir, targets = sys.argv[1], sys.argv[2:] or TARGETS
+    for target in targets:
+        if target not in CORPORA:
+            sys.exit("unknown target %r (one of %s)" % (target, ", ".join(TARGETS)))
+        directory = os.path.join(out_dir, target)
+        os.makedirs(directory, exist_ok=True)
+        files = CORPORA[target]()
+        if target == "model_metadata":  # the loaders also see every plain safetensors seed
+            files.update({"st_" + k: v for k, v in corpus_safetensors().items()})
+        for name, data in files.items():
+            with open(os.path.join(directory, name), "wb") as f:
+                f.write(data)
+        print("%s: %d seeds in %s" % (target, len(files), directory))
+
+
+if __name__ == "__main__":
+    main()
