@@ -1,6 +1,7 @@
 #include "cabm/kernels/attention_flash_amx.h"
 
 #include "cabm/core/error.h"
+#include "cabm/kernels/attention_bf16_packing.h"
 #include "cabm/kernels/tile_mask.h"
 
 #include <algorithm>
@@ -65,25 +66,6 @@ struct Problem {
   float keep_scale;
   bool dropout;
 };
-
-const bf16* head_ptr(const Tensor& t, int64_t b, int64_t h) {
-  return t.data<bf16>() + b * t.stride(0) + h * t.stride(2);
-}
-
-void pack_head(const Tensor& k, const Tensor& v, const Problem& p, int64_t b, int64_t h, bf16* kp, bf16* vp) {
-  std::fill_n(kp, p.Mp * p.dp, bf16{0});
-  std::fill_n(vp, p.Mp * p.dvp, bf16{0});
-  const bf16* ks = head_ptr(k, b, h);
-  const bf16* vs = head_ptr(v, b, h);
-  for (int64_t j = 0; j < p.M; ++j) {
-    const bf16* krow = ks + j * k.stride(1);
-    const bf16* vrow = vs + j * v.stride(1);
-    bf16* kb = kp + (j / 16) * (p.dp / 2) * 32 + (j % 16) * 2;
-    for (int64_t c = 0; c < p.d; ++c) kb[(c / 2) * 32 + (c & 1)] = krow[c];
-    bf16* vb = vp + (j / 2) * p.dvp * 2 + (j & 1);
-    for (int64_t c = 0; c < p.dv; ++c) vb[2 * c] = vrow[c];
-  }
-}
 
 // Per-thread buffers; rows kRows. Rows past a short item's end hold stale, finite values: the
 // tiles compute them and nothing reads the results.
@@ -367,7 +349,7 @@ CABM_AMX void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int6
   const bf16* vp = args.vp + (b * p.H + h) * p.Mp * p.dvp;
   const int64_t lds = p.lds;
 
-  const bf16* qs = head_ptr(args.q, b, h);
+  const bf16* qs = bf16_head_ptr(args.q, b, h);
   for (int64_t r = 0; r < ni; ++r) std::copy_n(qs + (i0 + r) * args.q.stride(1), p.d, buf.q.data() + r * p.dp);
   // −FLT_MAX, not −inf: exp2(s − m) stays free of inf − inf while a row has seen only masked keys.
   std::fill_n(buf.m.data(), ni, -FLT_MAX);
@@ -479,7 +461,8 @@ void attention_flash_bf16_forward_amx(const Tensor& q, const Tensor& k, const Te
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < p.B; ++b)
     for (int64_t h = 0; h < p.H; ++h)
-      pack_head(k, v, p, b, h, kp.data() + (b * p.H + h) * p.Mp * p.dp, vp.data() + (b * p.H + h) * p.Mp * p.dvp);
+      pack_kv_head(k, v, b, h, p.Mp, p.dp, p.dvp, kp.data() + (b * p.H + h) * p.Mp * p.dp,
+                   vp.data() + (b * p.H + h) * p.Mp * p.dvp);
   const Args args{q, out, kp.data(), vp.data(), lse ? lse->data<float>() : nullptr, options, mask, p};
 
   // Head by head, heaviest first within a head (see forward_work_items).

@@ -1,4 +1,5 @@
 #include "cabm/kernels/attention_flash_bf16.h"
+#include "cabm/kernels/attention_bf16_packing.h"
 #include "cabm/kernels/attention_flash_amx.h"
 #include "cabm/kernels/attention_flash_detail.h"
 #include "cabm/kernels/tile_mask.h"
@@ -46,29 +47,9 @@ struct Problem {
   bool avx512;
 };
 
-inline int64_t k_index(int64_t j, int64_t c, int64_t dp) {  // element (key j, dim c) in packed K
-  return ((j / kKeyBlock) * (dp / 2) + c / 2) * (kKeyBlock * 2) + (j % kKeyBlock) * 2 + (c & 1);
-}
-inline int64_t v_index(int64_t j, int64_t c, int64_t dvp) {  // element (key j, column c) in packed V
-  return ((j / 2) * dvp + c) * 2 + (j & 1);
-}
-
-const bf16* head_ptr(const Tensor& t, int64_t b, int64_t h) {
-  return t.data<bf16>() + b * t.stride(0) + h * t.stride(2);
-}
-
-void pack_head(const Tensor& k, const Tensor& v, const Problem& p, int64_t b, int64_t h, bf16* kp, bf16* vp) {
-  std::fill_n(kp, p.Mp * p.dp, bf16{0});
-  std::fill_n(vp, p.Mp * p.dvp, bf16{0});
-  const bf16* ks = head_ptr(k, b, h);
-  const bf16* vs = head_ptr(v, b, h);
-  for (int64_t j = 0; j < p.M; ++j) {
-    const bf16* krow = ks + j * k.stride(1);
-    const bf16* vrow = vs + j * v.stride(1);
-    for (int64_t c = 0; c < p.d; ++c) kp[k_index(j, c, p.dp)] = krow[c];
-    for (int64_t c = 0; c < p.dv; ++c) vp[v_index(j, c, p.dvp)] = vrow[c];
-  }
-}
+using detail::bf16_head_ptr;
+inline int64_t k_index(int64_t j, int64_t c, int64_t dp) { return detail::packed_k_index(j, c, dp); }
+inline int64_t v_index(int64_t j, int64_t c, int64_t dvp) { return detail::packed_v_index(j, c, dvp); }
 
 // ---------------------------------------------------------------------------------------------
 // Portable products: the same packed operands, fp32 scalar math.
@@ -303,7 +284,7 @@ void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int64_t h, in
   const bf16* kp = args.kp + (b * p.H + h) * p.Mp * p.dp;
   const bf16* vp = args.vp + (b * p.H + h) * p.Mp * p.dvp;
 
-  const bf16* qs = head_ptr(args.q, b, h);
+  const bf16* qs = bf16_head_ptr(args.q, b, h);
   for (int64_t r = 0; r < ni; ++r) {
     std::copy_n(qs + (i0 + r) * args.q.stride(1), p.d, buf.q.data() + r * p.dp);
     if (p.dp > p.d) buf.q[r * p.dp + p.d] = bf16{0};
@@ -465,9 +446,9 @@ void backward_head_portable(const BackwardArgs& args, BackwardBuffers& buf, int6
   const BackwardProblem& p = args.p;
   const int64_t N = p.N, M = p.M, d = p.d, dv = p.dv;
   const Tensor &q = args.saved.q, &k = args.saved.k, &v = args.saved.v, &o = args.saved.out;
-  bf16_to_float_2d(head_ptr(q, b, h), q.stride(1), buf.q.data(), d, N, d);
-  bf16_to_float_2d(head_ptr(k, b, h), k.stride(1), buf.k.data(), d, M, d);
-  bf16_to_float_2d(head_ptr(v, b, h), v.stride(1), buf.v.data(), dv, M, dv);
+  bf16_to_float_2d(bf16_head_ptr(q, b, h), q.stride(1), buf.q.data(), d, N, d);
+  bf16_to_float_2d(bf16_head_ptr(k, b, h), k.stride(1), buf.k.data(), d, M, d);
+  bf16_to_float_2d(bf16_head_ptr(v, b, h), v.stride(1), buf.v.data(), dv, M, dv);
   const float* lse = args.saved.lse.data<float>() + (b * p.H + h) * N;
   for (int64_t i = 0; i < N; ++i) {
     const float *gi = f32_row(args.dout, b, i, h), *oi = f32_row(o, b, i, h);
@@ -665,7 +646,8 @@ void attention_flash_bf16_forward(const Tensor& q, const Tensor& k, const Tensor
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < p.B; ++b)
     for (int64_t h = 0; h < p.H; ++h)
-      pack_head(k, v, p, b, h, kp.data() + (b * p.H + h) * p.Mp * p.dp, vp.data() + (b * p.H + h) * p.Mp * p.dvp);
+      detail::pack_kv_head(k, v, b, h, p.Mp, p.dp, p.dvp, kp.data() + (b * p.H + h) * p.Mp * p.dp,
+                           vp.data() + (b * p.H + h) * p.Mp * p.dvp);
   const Args args{q, out, kp.data(), vp.data(), lse ? lse->data<float>() : nullptr, options, mask, p};
 
   // Head by head, heaviest first within a head (see forward_work_items).

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -91,6 +92,14 @@ class Router {
     init();
     return pin_;
   }
+  // The pin without the lock, for the untimed small products (one per gemm() call on the
+  // training step's hot path): mirrored in an atomic whenever it changes.
+  std::optional<GemmLibrary> pin_fast() {
+    const int code = pin_code_.load(std::memory_order_acquire);
+    if (code == kPinUnknown) return pin();
+    if (code == kPinNone) return std::nullopt;
+    return static_cast<GemmLibrary>(code);
+  }
   std::string wisdom_path() {
     const std::lock_guard<std::mutex> lock(mutex_);
     init();
@@ -104,6 +113,7 @@ class Router {
     const std::lock_guard<std::mutex> lock(mutex_);
     init();
     pin_ = pin;
+    publish_pin();
   }
   void reset(const std::optional<std::string>& wisdom) {
     const std::lock_guard<std::mutex> lock(mutex_);
@@ -117,6 +127,7 @@ class Router {
   void init() {
     if (initialised_) return;
     pin_ = pinned_from_env();
+    publish_pin();
     wisdom_ = default_wisdom_path();
     machine_ = machine_id();
     initialised_ = true;
@@ -171,7 +182,11 @@ class Router {
 
   std::mutex mutex_;
   bool initialised_ = false;
+  void publish_pin() { pin_code_.store(pin_ ? static_cast<int>(*pin_) : kPinNone, std::memory_order_release); }
+
+  static constexpr int kPinUnknown = -2, kPinNone = -1;
   std::optional<GemmLibrary> pin_;
+  std::atomic<int> pin_code_{kPinUnknown};
   std::string wisdom_, machine_;
   std::map<std::string, GemmRouteDecision> decisions_;
   int64_t trials_ = 0;
@@ -195,7 +210,7 @@ std::string GemmShape::key() const {
 
 GemmLibrary gemm_route(const GemmShape& shape, const GemmTrial& trial) {
   if (shape.M * shape.N * shape.K < kGemmRouteMinMacs) {
-    if (const auto pin = router().pin()) return *pin;
+    if (const auto pin = router().pin_fast()) return *pin;
     return GemmLibrary::kOneDnn;
   }
   return router().route(shape, trial);
