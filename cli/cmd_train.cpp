@@ -122,6 +122,11 @@ void print_header(const TrainConfig& c, const TrainStart& start) {
       c.adamw.weight_decay, static_cast<double>(c.dropout), static_cast<unsigned long long>(c.seed),
       c.precision == Precision::kBf16 ? "bf16 mixed precision (fp32 master weights)" : "fp32", num_threads(),
       c.out_dir.c_str());
+  if (start.world_size > 1)
+    std::printf("data parallel: %d processes x batch %lld = %lld sequences per micro-batch, gradients averaged "
+                "over MPI\n",
+                start.world_size, static_cast<long long>(c.batch_size),
+                static_cast<long long>(c.batch_size) * start.world_size);
   if (!start.resumed_from.empty())
     std::printf("resuming from %s at step %lld\n", start.resumed_from.c_str(), static_cast<long long>(start.step));
   std::fflush(stdout);

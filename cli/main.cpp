@@ -3,6 +3,7 @@
 #include "cli/commands.h"
 #include "cabm/core/error.h"
 #include "cabm/core/threads.h"
+#include "cabm/train/distributed.h"
 
 #include <CLI/CLI.hpp>
 
@@ -10,6 +11,7 @@
 #include <cstdlib>
 #include <exception>
 #include <new>
+#include <string>
 
 #include <unistd.h>
 
@@ -32,6 +34,21 @@ void limit_openmp_spinning(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr) return;
   if (setenv("GOMP_SPINCOUNT", "1000", 1) != 0) return;
   execv("/proc/self/exe", argv);  // returns only if it failed: run on with the default policy
+}
+
+// In a data-parallel run (mpirun -np K), which process failed; "" otherwise.
+std::string rank_label() {
+  if (!cabm::mpi_started()) return "";
+  const cabm::World& w = cabm::world();
+  return " (rank " + std::to_string(w.rank) + " of " + std::to_string(w.size) + ")";
+}
+
+// An error on one rank of a data-parallel run ends the whole job (the other ranks would wait
+// for this one in their next collective); otherwise returns the status.
+int end_job(int status) {
+  std::fflush(stderr);
+  if (cabm::mpi_started()) cabm::abort_job(status);
+  return status;
 }
 
 }  // namespace
@@ -69,14 +86,14 @@ int main(int argc, char** argv) {
     const int status = app.exit(e);
     return status == 0 ? 0 : kUsage;
   } catch (const cabm::UsageError& e) {
-    std::fprintf(stderr, "cabm: error: %s (see --help)\n", e.what());
-    return kUsage;
+    std::fprintf(stderr, "cabm: error%s: %s (see --help)\n", rank_label().c_str(), e.what());
+    return end_job(kUsage);
   } catch (const std::bad_alloc&) {  // outside a tensor (which says what it was): a vector, a string
-    std::fprintf(stderr, "cabm: error: out of memory\n");
-    return kFailure;
+    std::fprintf(stderr, "cabm: error%s: out of memory\n", rank_label().c_str());
+    return end_job(kFailure);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "cabm: error: %s\n", e.what());
-    return kFailure;
+    std::fprintf(stderr, "cabm: error%s: %s\n", rank_label().c_str(), e.what());
+    return end_job(kFailure);
   }
   return 0;
 }

@@ -7,9 +7,9 @@ include(CMakeFindDependencyMacro)
 # cabm's own build it is an error.
 macro(cabm_find_dependency name)
   if(CMAKE_FIND_PACKAGE_NAME STREQUAL "cabm")
-    find_dependency(${name})
+    find_dependency(${name} ${ARGN})
   else()
-    find_package(${name} REQUIRED)
+    find_package(${name} REQUIRED ${ARGN})
   endif()
 endmacro()
 
@@ -31,4 +31,24 @@ if(NOT TARGET cabm::openblas)
   add_library(cabm::openblas UNKNOWN IMPORTED)
   set_target_properties(cabm::openblas PROPERTIES IMPORTED_LOCATION ${CABM_OPENBLAS_LIB}
                                                   INTERFACE_INCLUDE_DIRECTORIES ${CABM_OPENBLAS_INCLUDE})
+endif()
+
+# Open MPI (openmpi-bin, libopenmpi-dev) for data-parallel training (cabm/train/distributed.h),
+# optional: without it cabm builds and runs as one process. CABM_WITH_MPI says which build this
+# is (the installed cabmConfig.cmake records it, so that a consumer links MPI when cabm did).
+set(MPI_CXX_SKIP_MPICXX ON)  # the C API only (the C++ bindings are deprecated)
+if(NOT DEFINED CABM_WITH_MPI)
+  set(CABM_MPI AUTO CACHE STRING "Data-parallel training over MPI: AUTO (if found), ON (required), OFF")
+  if(CABM_MPI STREQUAL "OFF")
+    set(CABM_WITH_MPI OFF)
+  else()
+    if(CABM_MPI STREQUAL "ON")
+      find_package(MPI REQUIRED COMPONENTS CXX)
+    else()
+      find_package(MPI COMPONENTS CXX)
+    endif()
+    set(CABM_WITH_MPI ${MPI_CXX_FOUND})
+  endif()
+elseif(CABM_WITH_MPI)
+  cabm_find_dependency(MPI COMPONENTS CXX)
 endif()

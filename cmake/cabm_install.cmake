@@ -31,6 +31,11 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/cabmConfig.cmake ${CMAKE_CURRENT_BINAR
 # pkg-config: a static libcabm needs its private dependencies on the link line too.
 get_filename_component(CABM_OPENBLAS_LIBDIR ${CABM_OPENBLAS_LIB} DIRECTORY)
 set(CABM_PC_DEPS_LIBS "-ldnnl -L${CABM_OPENBLAS_LIBDIR} -lopenblas")
+if(CABM_WITH_MPI)  # Open MPI's libraries, by path (Debian's are outside the default search path)
+  foreach(lib ${MPI_CXX_LIBRARIES})
+    string(APPEND CABM_PC_DEPS_LIBS " ${lib}")
+  endforeach()
+endif()
 if(BUILD_SHARED_LIBS)
   set(CABM_PC_LIBS "-L\${libdir} -lcabm -fopenmp")
   set(CABM_PC_LIBS_PRIVATE "${CABM_PC_DEPS_LIBS}")

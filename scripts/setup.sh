@@ -13,6 +13,7 @@ packages=(
   libcli11-dev libfmt-dev
   libgtest-dev libbenchmark-dev
   python3-torch python3-numpy   # PyTorch reference fixtures (tests only; never linked)
+  openmpi-bin libopenmpi-dev   # data-parallel training over MPI (optional at build time)
   fortunes               # default training corpus
   wamerican wngerman wfrench wspanish witalian   # langid demo word lists
 )

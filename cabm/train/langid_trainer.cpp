@@ -107,10 +107,29 @@ void LangIdTrainer::restore(const LoadedCheckpoint& checkpoint) {
   restore_training(checkpoint, state_);
 }
 
+void LangIdTrainer::synchronize_ranks() {
+  broadcast_training_state(state_);
+}
+
+void LangIdTrainer::sample_share(int64_t B) {
+  const World& w = world();
+  if (!w.distributed()) {
+    sample_words(data_, B, state_.data_rng, words_, label_values_);
+    return;
+  }
+  // The global batch of K·B words, as one process would draw it; this rank keeps its B.
+  sample_words(data_, w.size * B, state_.data_rng, global_words_, global_labels_);
+  const auto first = static_cast<size_t>(w.rank * B);
+  words_.assign(global_words_.begin() + static_cast<std::ptrdiff_t>(first),
+                global_words_.begin() + static_cast<std::ptrdiff_t>(first + static_cast<size_t>(B)));
+  label_values_.assign(global_labels_.begin() + static_cast<std::ptrdiff_t>(first),
+                       global_labels_.begin() + static_cast<std::ptrdiff_t>(first + static_cast<size_t>(B)));
+}
+
 StepStats LangIdTrainer::train_step() {
   return training_step(config_, config_.accum, state_,
                        [&](int64_t, const ForwardMode& mode, const LossOptions& loss_options) {
-                         sample_words(data_, config_.batch_size, state_.data_rng, words_, label_values_);
+                         sample_share(config_.batch_size);
                          pack_words(words_, config_.seq_len, tokens_, lengths_);
                          ensure_shape(labels_, {config_.batch_size}, DType::I64);
                          std::copy(label_values_.begin(), label_values_.end(), labels_.data<int64_t>());

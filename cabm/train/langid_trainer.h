@@ -37,6 +37,8 @@ class LangIdTrainer {
  public:
   LangIdTrainer(const TrainConfig& config, WordDataset data);
   void restore(const LoadedCheckpoint& checkpoint);
+  // Data parallelism: every rank takes rank 0's weights, optimizer state and data position.
+  void synchronize_ranks();
 
   StepStats train_step();
   ClassifierEval evaluate();
@@ -55,6 +57,11 @@ class LangIdTrainer {
   Tensor tokens_, labels_;
   std::vector<std::string> words_;
   std::vector<int64_t> label_values_, lengths_;
+  std::vector<std::string> global_words_;  // data parallelism: the K·B words of a micro-batch
+  std::vector<int64_t> global_labels_;
+
+  // This rank's B words of the next micro-batch (all B words on one process).
+  void sample_share(int64_t B);
 };
 
 }  // namespace cabm

@@ -45,12 +45,29 @@ void LmTrainer::restore(const LoadedCheckpoint& checkpoint) {
   restore_training(checkpoint, state_);
 }
 
+void LmTrainer::synchronize_ranks() {
+  broadcast_training_state(state_);
+}
+
 StepStats LmTrainer::train_step() {
   const int64_t B = config_.batch_size, T = config_.seq_len;
+  const World& w = world();
   for (int64_t micro = 0; micro < config_.accum; ++micro) {
     Tensor& inputs = inputs_[static_cast<size_t>(micro)];
     Tensor& targets = targets_[static_cast<size_t>(micro)];
-    sample_windows(data_.train, B, T, state_.data_rng, inputs.data<int64_t>(), targets.data<int64_t>());
+    if (!w.distributed()) {
+      sample_windows(data_.train, B, T, state_.data_rng, inputs.data<int64_t>(), targets.data<int64_t>());
+      continue;
+    }
+    // Every rank draws the whole global batch of K·B windows (the same data stream as one
+    // process with batch K·B) and keeps rows [rank·B, rank·B + B).
+    ensure_shape(global_inputs_, {w.size * B, T}, DType::I64);
+    ensure_shape(global_targets_, {w.size * B, T}, DType::I64);
+    sample_windows(data_.train, w.size * B, T, state_.data_rng, global_inputs_.data<int64_t>(),
+                   global_targets_.data<int64_t>());
+    const int64_t first = w.rank * B * T;
+    std::copy_n(global_inputs_.data<int64_t>() + first, B * T, inputs.data<int64_t>());
+    std::copy_n(global_targets_.data<int64_t>() + first, B * T, targets.data<int64_t>());
   }
   return train_step_on(inputs_, targets_);
 }

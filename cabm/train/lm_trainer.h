@@ -5,6 +5,8 @@
 //   for each of `accum` micro-batches: B random windows of T + 1 bytes from the training text
 //     (data RNG), forward in training mode (dropout stream: seed, micro-batch counter),
 //     loss scaled by 1/accum, backward (accumulates)
+//   (data parallel over K ranks, cabm/train/distributed.h: a micro-batch is K·B windows, rank r
+//   takes windows r·B … r·B + B − 1; the gradients are averaged over the ranks)
 //   clip the global gradient norm;  lr ← schedule(t);  AdamW update
 // The set-up, the optimizer half of a step, resume and checkpoints are the shared skeleton of
 // cabm/train/training_state.h: a resumed run reproduces the losses of an uninterrupted one bit for
@@ -31,6 +33,8 @@ class LmTrainer {
   LmTrainer(const TrainConfig& config, TextSplit data);
   // Continues from a checkpoint made by save(): weights, optimizer, step, data position.
   void restore(const LoadedCheckpoint& checkpoint);
+  // Data parallelism: every rank takes rank 0's weights, optimizer state and data position.
+  void synchronize_ranks();
 
   // One optimizer step on `accum` micro-batches drawn from the training text.
   StepStats train_step();
@@ -55,6 +59,7 @@ class LmTrainer {
   TrainingState<CausalLM> state_;
   CausalLMCache cache_;
   std::vector<Tensor> inputs_, targets_;  // accum × I64 [B, T]
+  Tensor global_inputs_, global_targets_;  // data parallelism: I64 [K·B, T], this rank's rows copied out
   std::vector<int64_t> eval_offsets_;
 };
 

@@ -4,12 +4,15 @@
 #include "cabm/train/json_reader.h"
 #include "cabm/train/langid_trainer.h"
 #include "cabm/train/lm_trainer.h"
+#include "cabm/train/distributed.h"
+#include "cabm/train/metrics_log.h"
 #include "cabm/train/model_config.h"
 
 #include <fmt/format.h>
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <memory>
@@ -85,36 +88,64 @@ TrainedModel trained_model(const LangIdTrainer& trainer) {
   return {nullptr, &trainer.model(), &trainer.data()};
 }
 
-// The loop shared by both tasks: step, evaluate, checkpoint, stop.
+bool should_log(const TrainConfig& c, int64_t step) {
+  return step % std::max<int64_t>(1, c.log_interval) == 0 || step == c.steps;
+}
+
+nlohmann::ordered_json metrics_record(const StepStats& s, const std::optional<EvalReport>& eval) {
+  nlohmann::ordered_json r = {{"step", s.step},
+                      {"loss", s.loss},
+                      {"lr", s.lr},
+                      {"grad_norm", s.grad_norm},
+                      {"tokens_per_s", s.seconds > 0 ? static_cast<double>(s.tokens) / s.seconds : 0.0},
+                      {"tokens", s.tokens},
+                      {"seconds", s.seconds},
+                      {"comm_seconds", s.comm_seconds}};
+  if (eval) {
+    r["val_loss"] = eval->loss;
+    if (eval->accuracy) r["val_accuracy"] = *eval->accuracy;
+  }
+  return r;
+}
+
+// The loop shared by both tasks: step, evaluate, checkpoint, stop. In a data-parallel run every
+// rank steps; rank 0 alone evaluates, logs, saves and calls back (`lead`), and the decisions
+// to save and stop are the same on all ranks.
 template <typename Trainer>
-TrainResult run_loop(Trainer& trainer, const TrainConfig& c, const TrainCallbacks& cb) {
+TrainResult run_loop(Trainer& trainer, const TrainConfig& c, const TrainCallbacks& cb, MetricsLog* log) {
+  const bool lead = world().rank == 0;
   TrainResult result;
   result.step = trainer.step();
   nlohmann::json metrics = nlohmann::json::object();
   while (trainer.step() < c.steps) {
     const StepStats s = trainer.train_step();
     result.step = s.step;
-    if (cb.on_step) cb.on_step(s);
+    if (lead && cb.on_step) cb.on_step(s);
     metrics["train_loss"] = s.loss;
-    if (should_eval(c, s.step)) {
-      EvalReport report = evaluate_run(trainer);
-      report.step = s.step;
-      metrics.update(report.metrics);
-      if (cb.on_eval) cb.on_eval(report);
-      result.last_eval = std::move(report);
+    std::optional<EvalReport> eval;
+    if (lead && should_eval(c, s.step)) {
+      eval = evaluate_run(trainer);
+      eval->step = s.step;
+      metrics.update(eval->metrics);
+      if (cb.on_eval) cb.on_eval(*eval);
+      result.last_eval = eval;
     }
-    const bool requested = cb.stop_requested && cb.stop_requested();
+    const bool requested = any_rank(cb.stop_requested && cb.stop_requested());
     const bool stop_at = c.stop_at > 0 && s.step >= c.stop_at;
+    if (log && (should_log(c, s.step) || eval || requested || stop_at)) log->write(metrics_record(s, eval));
     if (should_save(c, s.step) || requested || stop_at) {
-      result.checkpoint = trainer.save(metrics);
-      if (cb.on_checkpoint) cb.on_checkpoint(s.step, result.checkpoint);
+      check_same_on_all_ranks(named_parameters(trainer.model()), "weights");
+      if (lead) {
+        result.checkpoint = trainer.save(metrics);
+        if (cb.on_checkpoint) cb.on_checkpoint(s.step, result.checkpoint);
+      }
     }
     if (requested || stop_at) {
       result.stop = requested ? TrainStop::kStopRequested : TrainStop::kStopAt;
       break;
     }
   }
-  if (cb.on_end) cb.on_end(result, trained_model(trainer));
+  if (lead && cb.on_end) cb.on_end(result, trained_model(trainer));
   return result;
 }
 
@@ -123,20 +154,39 @@ TrainResult run(const TrainConfig& c, Data data, const LoadedCheckpoint* resume_
                 const TrainCallbacks& cb) {
   Trainer trainer(c, std::move(data));
   if (resume_from) trainer.restore(*resume_from);
-  if (cb.on_start) {
-    TrainStart start;
-    start.config = &c;
-    start.parameters = count_parameters(named_parameters(trainer.model()));
-    start.step = trainer.step();
-    start.resumed_from = resume_from ? resume_from->dir : "";
-    start.replaced_earlier_run = replaced;
-    if constexpr (std::is_same_v<Data, TextSplit>)
-      start.text = &trainer.data();
-    else
-      start.words = &trainer.data();
-    cb.on_start(start);
+  trainer.synchronize_ranks();
+  std::unique_ptr<MetricsLog> log;
+  if (world().rank == 0) {
+    log = std::make_unique<MetricsLog>(c.out_dir, resume_from ? trainer.step() : -1);
+    if (cb.on_start) {
+      TrainStart start;
+      start.config = &c;
+      start.parameters = count_parameters(named_parameters(trainer.model()));
+      start.step = trainer.step();
+      start.resumed_from = resume_from ? resume_from->dir : "";
+      start.replaced_earlier_run = replaced;
+      start.world_size = world().size;
+      if constexpr (std::is_same_v<Data, TextSplit>)
+        start.text = &trainer.data();
+      else
+        start.words = &trainer.data();
+      cb.on_start(start);
+    }
   }
-  return run_loop(trainer, c, cb);
+  return run_loop(trainer, c, cb, log.get());
+}
+
+// A resumed run must have the K of the run it continues: the data each rank draws, the
+// dropout streams and the global batch all depend on it.
+void check_resume_world_size(const LoadedCheckpoint& checkpoint) {
+  const JsonReader state(checkpoint.state, state_file_path(checkpoint));
+  const int64_t saved = state.has("world_size") ? state.integer("world_size", 1, 1 << 24) : 1;
+  const int now = world().size;
+  if (saved != now)
+    throw UsageError(fmt::format(
+        "--resume: the run in {} was trained by {} process{} (mpirun -np {}), this one has {}: resume it with "
+        "the same number of processes (the global batch and the data each process draws depend on it)",
+        checkpoint.dir, saved, saved == 1 ? "" : "es", saved, now));
 }
 
 }  // namespace
@@ -235,7 +285,8 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks, bo
       throw UsageError(fmt::format("--resume: the run in {} is --task {}", config.out_dir, task_name(saved.task)));
     check_model_file(*checkpoint, saved);
     check_resume_config(saved, config);
-  } else {
+    check_resume_world_size(*checkpoint);
+  } else if (world().rank == 0) {
     replaced = clear_previous_run(config.out_dir);
   }
   if (config.task == TrainTask::kLanguageModel) {

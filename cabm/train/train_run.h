@@ -7,7 +7,16 @@
 //             at the end, at config.stop_at and when the caller asks to stop
 //
 // The caller sees the run through callbacks (all optional) and gets a TrainResult back. The
-// command line adds the progress bar, Ctrl-C (stop_requested) and the final sample.
+// command line adds the progress bar, Ctrl-C (stop_requested) and the final sample. Every
+// logged step is also a line of out_dir/metrics.jsonl (cabm/train/metrics_log.h).
+//
+// Data parallelism (cabm/train/distributed.h): started by `mpirun -np K`, every process calls
+// train() with the same config; config.batch_size is per process, so a step sees K·batch_size
+// sequences, the same ones, in the same order, as one process with K times the batch. Rank 0
+// alone evaluates, writes checkpoints and metrics.jsonl, and receives the callbacks (but
+// stop_requested, polled on every rank: any rank's request stops all). A resumed run needs the
+// same K and the run directory readable by every rank. An error on one rank is thrown on that
+// rank only: end the job then (abort_job), or the others wait in their next collective.
 #pragma once
 
 #include "cabm/io/text_data.h"
@@ -44,6 +53,7 @@ struct TrainStart {
   int64_t step = 0;                  // the step it continues after (0: fresh)
   std::string resumed_from;          // checkpoint directory, when resumed
   bool replaced_earlier_run = false;  // a fresh run removed checkpoints in out_dir
+  int world_size = 1;                // processes of a data-parallel run (mpirun -np K)
   const TextSplit* text = nullptr;   // task lm
   const WordDataset* words = nullptr;  // task langid
 };

@@ -48,7 +48,8 @@ void rethrow_training_out_of_memory(const TrainConfig& c, const OutOfMemory& e) 
 ForwardMode micro_batch_mode(const TrainConfig& config, int64_t step, int64_t micro_batches, int64_t micro) {
   ForwardMode mode;
   mode.training = true;
-  mode.seed = config.seed;
+  const int rank = world().rank;
+  mode.seed = rank == 0 ? config.seed : splitmix64(config.seed ^ (0x5EED0000ull + static_cast<uint64_t>(rank)));
   mode.step = static_cast<uint64_t>(step * micro_batches + micro);
   return mode;
 }
@@ -89,6 +90,7 @@ nlohmann::json checkpoint_state(const TrainConfig& config, int64_t step, const R
           {"task", task_name(config.task)},
           {"step", step},
           {"seed", config.seed},
+          {"world_size", world().size},
           {"data_rng", {{"seed", data_rng.seed()}, {"position", data_rng.position()}}},
           {"data", std::move(data)},
           {"tokenizer", "bytes"},

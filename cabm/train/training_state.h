@@ -22,6 +22,7 @@
 #include "cabm/nn/parameters.h"
 #include "cabm/train/adamw.h"
 #include "cabm/train/checkpoint.h"
+#include "cabm/train/distributed.h"
 #include "cabm/train/train_config.h"
 
 #include <nlohmann/json.hpp>
@@ -38,8 +39,9 @@ struct StepStats {
   double loss = 0;   // mean training loss over its micro-batches (nats per token)
   double lr = 0;
   float grad_norm = 0;  // before clipping
-  int64_t tokens = 0;   // tokens processed by this step
+  int64_t tokens = 0;   // tokens processed by this step (by all ranks)
   double seconds = 0;   // wall time of this step
+  double comm_seconds = 0;  // of which averaging the gradients over ranks (0 on one process)
 };
 
 // The data position stream: data RNG seed derived from the run seed.
@@ -74,7 +76,8 @@ void check_training_memory(const TrainConfig& config, double parameters, int64_t
 [[noreturn]] void rethrow_training_out_of_memory(const TrainConfig& config, const OutOfMemory& e);
 
 // The training mode of micro-batch `micro` of the step after `step`: its dropout masks are a
-// function of (seed, step · micro_batches + micro) alone, so a resumed run draws the same ones.
+// function of (seed, rank, step · micro_batches + micro) alone, so a resumed run draws the same
+// ones, and each rank of a data-parallel run its own (rank 0 those of a single process).
 ForwardMode micro_batch_mode(const TrainConfig& config, int64_t step, int64_t micro_batches, int64_t micro);
 
 // The optimizer half of a step, once the micro-batches' gradients are in `grads`: stats for
@@ -117,9 +120,27 @@ void restore_training(const LoadedCheckpoint& checkpoint, TrainingState<Model>& 
   restore_optimizer_and_data(checkpoint, state.opt, state.data_rng);
 }
 
+// Copies rank 0's weights, optimizer state and data position to every rank of a data-parallel
+// run (after set-up or resume; nothing on one process), so that all ranks start identical.
+template <typename Model>
+void broadcast_training_state(TrainingState<Model>& state) {
+  if (!world().distributed()) return;
+  broadcast_from_rank0(state.params);
+  for (std::vector<Tensor>* moments : {&state.opt.exp_avg, &state.opt.exp_avg_sq})
+    for (const Tensor& t : *moments) broadcast_from_rank0(t.raw_data(), t.nbytes());
+  uint64_t words[3] = {static_cast<uint64_t>(state.opt.step), state.data_rng.seed(), state.data_rng.position()};
+  broadcast_from_rank0(words, sizeof(words));
+  state.opt.step = static_cast<int64_t>(words[0]);
+  state.data_rng = Rng(words[1], words[2]);
+  refresh_bf16_weights(state.model);
+}
+
 // One optimizer step over `micro_batches` micro-batches. micro_batch(micro, mode, loss_options)
 // runs forward in `mode`, the loss with `loss_options` (its gradient scaled by 1/micro_batches)
-// and backward into state.grad_model, and returns a MicroBatchResult.
+// and backward into state.grad_model, and returns a MicroBatchResult. In a data-parallel run
+// each rank has run its share of every micro-batch; the losses, token counts and gradients are
+// then averaged (summed) over the ranks, so that the clipping sees the global norm and AdamW
+// steps identically everywhere.
 template <typename Model, typename MicroBatch>
 StepStats training_step(const TrainConfig& config, int64_t micro_batches, TrainingState<Model>& state,
                         MicroBatch&& micro_batch) {
@@ -135,10 +156,14 @@ StepStats training_step(const TrainConfig& config, int64_t micro_batches, Traini
     loss_sum += r.loss;
     tokens += r.tokens;
   }
-  StepStats stats =
-      optimizer_step(config, loss_sum / static_cast<double>(micro_batches), state.params, state.grads, state.opt);
+  std::vector<double> sums = {loss_sum, static_cast<double>(tokens)};
+  all_reduce_sum(sums);
+  const double comm_seconds = all_reduce_mean(state.grads);
+  const double mean_loss = sums[0] / static_cast<double>(micro_batches * world().size);
+  StepStats stats = optimizer_step(config, mean_loss, state.params, state.grads, state.opt);
   refresh_bf16_weights(state.model);  // mixed precision: the next products see the new weights
-  stats.tokens = tokens;
+  stats.tokens = static_cast<int64_t>(sums[1]);
+  stats.comm_seconds = comm_seconds;
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return stats;
 }
