@@ -13,5 +13,6 @@ void register_bench(CLI::App& app);     // cmd_bench.cpp
 // Adds `bench layer` and `bench train` to the "bench" subcommand (call after register_bench).
 void register_bench_model(CLI::App& app);  // cmd_bench_model.cpp
 void register_memory(CLI::App& app);    // cmd_memory.cpp
+void register_tokenize(CLI::App& app);  // cmd_tokenize.cpp
 
 }  // namespace cabm::cli

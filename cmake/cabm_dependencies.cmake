@@ -52,3 +52,29 @@ if(NOT DEFINED CABM_WITH_MPI)
 elseif(CABM_WITH_MPI)
   cabm_find_dependency(MPI COMPONENTS CXX)
 endif()
+
+# utf8proc (libutf8proc-dev) and SentencePiece (libsentencepiece-dev): Unicode categories,
+# normalisation and SentencePiece models for the Hugging Face tokenizers (cabm/io/). Debian's
+# pkg-config files are not needed: imported targets from the header and the library, as above.
+if(NOT TARGET cabm::utf8proc)
+  find_path(CABM_UTF8PROC_INCLUDE utf8proc.h)
+  find_library(CABM_UTF8PROC_LIB utf8proc)
+  if(NOT CABM_UTF8PROC_INCLUDE OR NOT CABM_UTF8PROC_LIB)
+    message(FATAL_ERROR "utf8proc not found: apt-get install libutf8proc-dev "
+                        "(cabm's scripts/setup.sh installs every dependency)")
+  endif()
+  add_library(cabm::utf8proc UNKNOWN IMPORTED)
+  set_target_properties(cabm::utf8proc PROPERTIES IMPORTED_LOCATION ${CABM_UTF8PROC_LIB}
+                                                  INTERFACE_INCLUDE_DIRECTORIES ${CABM_UTF8PROC_INCLUDE})
+endif()
+if(NOT TARGET cabm::sentencepiece)
+  find_path(CABM_SENTENCEPIECE_INCLUDE sentencepiece_processor.h)
+  find_library(CABM_SENTENCEPIECE_LIB sentencepiece)
+  if(NOT CABM_SENTENCEPIECE_INCLUDE OR NOT CABM_SENTENCEPIECE_LIB)
+    message(FATAL_ERROR "SentencePiece not found: apt-get install libsentencepiece-dev "
+                        "(cabm's scripts/setup.sh installs every dependency)")
+  endif()
+  add_library(cabm::sentencepiece UNKNOWN IMPORTED)
+  set_target_properties(cabm::sentencepiece PROPERTIES IMPORTED_LOCATION ${CABM_SENTENCEPIECE_LIB}
+                                                       INTERFACE_INCLUDE_DIRECTORIES ${CABM_SENTENCEPIECE_INCLUDE})
+endif()

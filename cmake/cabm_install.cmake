@@ -6,7 +6,7 @@ set(CABM_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/cabm)
 # Headers that only the kernels' own sources include: their content depends on the ISA flags
 # the library was compiled with, so they are not part of the interface.
 set(CABM_INTERNAL_HEADERS attention_simd.h attention_flash_detail.h tile_mask.h x86_intrinsics.h
-                          attention_bf16_packing.h)
+                          attention_bf16_packing.h hf_tokenizer_impl.h hf_tokenizer_files.h)
 
 install(TARGETS cabm_lib EXPORT cabmTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
@@ -30,7 +30,7 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/cabmConfig.cmake ${CMAKE_CURRENT_BINAR
 
 # pkg-config: a static libcabm needs its private dependencies on the link line too.
 get_filename_component(CABM_OPENBLAS_LIBDIR ${CABM_OPENBLAS_LIB} DIRECTORY)
-set(CABM_PC_DEPS_LIBS "-ldnnl -L${CABM_OPENBLAS_LIBDIR} -lopenblas")
+set(CABM_PC_DEPS_LIBS "-ldnnl -L${CABM_OPENBLAS_LIBDIR} -lopenblas -lutf8proc -lsentencepiece")
 if(CABM_WITH_MPI)  # Open MPI's libraries, by path (Debian's are outside the default search path)
   foreach(lib ${MPI_CXX_LIBRARIES})
     string(APPEND CABM_PC_DEPS_LIBS " ${lib}")

@@ -130,11 +130,14 @@ def cmake_inputs(cache: dict[str, tuple[str, str]]) -> list[Use]:
     return uses
 
 
-def python_modules(python: str) -> list[Use]:
-    """The top-level modules that tests/fixtures/*.py import, as `python` finds them."""
+def python_modules(python: str, hf_python: str) -> list[Use]:
+    """The top-level modules that tests/fixtures/*.py import, as the Python that runs each finds
+    them: `python` (PyTorch's), and `hf_python` (the repository's virtual environment, whose own
+    packages come from PyPI and lie in the repository) for the hf_make_*.py scripts."""
     fixtures = REPO / "tests" / "fixtures"
-    importers: dict[str, str] = {}
+    importers: dict[str, dict[str, str]] = {python: {}, hf_python: {}}
     for script in sorted(fixtures.glob("*.py")):
+        by = importers[hf_python if script.name.startswith("hf_make_") else python]
         for node in ast.walk(ast.parse(script.read_text(), str(script))):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                      [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0
@@ -142,7 +145,7 @@ def python_modules(python: str) -> list[Use]:
             for name in (n.split(".")[0] for n in names):
                 ours = (fixtures / f"{name}.py").exists() or (fixtures / name).is_dir()
                 if not ours and name != "__future__":
-                    importers.setdefault(name, str(script.relative_to(REPO)))
+                    by.setdefault(name, str(script.relative_to(REPO)))
     # Standard-library modules are checked too: Debian splits some into their own packages
     # (tkinter, distutils, venv). Built-in ones have no file and drop out. cwd=/ so that no
     # repository file shadows a module.
@@ -152,16 +155,23 @@ def python_modules(python: str) -> list[Use]:
              "    except Exception as e: f = '!' + repr(e)\n"
              "    print(n, f, sep='\\t')\n")
     uses = []
-    for line in run([python, "-c", probe, *sorted(importers)], cwd="/").splitlines():
-        name, _, file = line.partition("\t")
-        if name not in importers:
-            continue  # something a module printed while it was imported
-        std = " (standard library)" if name in sys.stdlib_module_names else ""
-        why = f"Python module {name}{std}, imported by {importers[name]}"
-        if file.startswith("!"):
-            error(f"{python} cannot import {name} ({why}): {file[1:]}")
-        if file:
-            uses.append(Use(file, why))
+    for interpreter, names in importers.items():
+        if not names:
+            continue
+        if interpreter == hf_python and not os.path.exists(hf_python):
+            print(f"warning: {hf_python} does not exist (scripts/setup_venv.sh makes it): "
+                  f"the imports of the hf_make_*.py fixtures are not checked")
+            continue
+        for line in run([interpreter, "-c", probe, *sorted(names)], cwd="/").splitlines():
+            name, _, file = line.partition("\t")
+            if name not in names:
+                continue  # something a module printed while it was imported
+            std = " (standard library)" if name in sys.stdlib_module_names else ""
+            why = f"Python module {name}{std}, imported by {names[name]}"
+            if file.startswith("!"):
+                error(f"{interpreter} cannot import {name} ({why}): {file[1:]}")
+            if file:
+                uses.append(Use(file, why))
     return uses
 
 
@@ -293,10 +303,11 @@ def main() -> int:
         error(f"{build} is not a configured CMake/Ninja build tree of a C++ project")
     compiler = cache["CMAKE_CXX_COMPILER"][1]
     python = cache.get("CABM_TORCH_PYTHON", ("", "/usr/bin/python3"))[1]
+    hf_python = cache.get("CABM_HF_PYTHON", ("", str(REPO / ".venv/bin/python")))[1]
     ours = (str(REPO) + "/", str(build) + "/")
     uses: dict[str, Use] = {}
     for use in (headers(build) + link_inputs(build, compiler) + cmake_inputs(cache)
-                + python_modules(python)):
+                + python_modules(python, hf_python)):
         path = os.path.normpath(use.path)
         if not path.startswith(ours) and not os.path.realpath(path).startswith(ours):
             uses.setdefault(path, use)

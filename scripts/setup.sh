@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs every Debian package that cabm's build, tests and main job need.
 # Works as root or through sudo; does nothing when everything is present.
-# Usage: setup.sh [--list]
+# Usage: setup.sh [--list | --no-venv]
 set -euo pipefail
 
 packages=(
@@ -13,6 +13,9 @@ packages=(
   libcli11-dev libfmt-dev
   libgtest-dev libbenchmark-dev
   python3-torch python3-numpy   # PyTorch reference fixtures (tests only; never linked)
+  python3-venv           # the venv for the Hugging Face fixtures (scripts/setup_venv.sh)
+  libutf8proc-dev        # Unicode normalisation and categories for the tokenizers
+  libsentencepiece-dev   # SentencePiece models (XLM-R tokenizers)
   openmpi-bin libopenmpi-dev   # data-parallel training over MPI (optional at build time)
   fortunes               # default training corpus
   wamerican wngerman wfrench wspanish witalian   # langid demo word lists
@@ -29,12 +32,16 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo_cmd=()
+  if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+  echo "setup: installing ${missing[*]}"
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-sudo_cmd=()
-if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
-echo "setup: installing ${missing[*]}"
-"${sudo_cmd[@]}" apt-get update -qq
-DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# The tests' Python packages that Debian lacks (PyPI, pinned) go into a virtual environment;
+# the main job does not need them (`setup.sh --no-venv`).
+if [ "${1:-}" != "--no-venv" ]; then
+  bash "$(dirname "$0")/setup_venv.sh"
+fi
