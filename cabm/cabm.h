@@ -15,8 +15,12 @@
 //              nn.TransformerEncoder / TransformerEncoderLayer / MultiheadAttention and
 //              PyTorch's mask conventions (cabm/interop/pytorch_modules.h); cabm's own model
 //              files and checkpoints (cabm/train/model_config.h, cabm/train/checkpoint.h).
+//   Hugging Face  BERT / RoBERTa / XLM-R / DistilBERT model directories: HfTokenizer
+//              (cabm/io/hf_tokenizer.h), load_hf_encoder (cabm/interop/hf_encoder.h) and the
+//              batching and pooling of `cabm embed` / `cabm classify` (cabm/interop/hf_pipeline.h).
 //   training   train(config, callbacks) (cabm/train/train_run.h): the run `cabm train` does,
-//              with validation, checkpoints and resume; evaluate_lm (cabm/train/lm_trainer.h);
+//              with validation, checkpoints and resume, data-parallel under mpirun
+//              (cabm/train/distributed.h); evaluate_lm (cabm/train/lm_trainer.h);
 //              generate (cabm/train/generate.h); text data (cabm/io/text_data.h).
 //
 // Errors in your input (shapes, files, options) throw cabm::Error with a message that names
@@ -28,11 +32,15 @@
 #include "cabm/core/error.h"
 #include "cabm/core/tensor.h"
 #include "cabm/core/threads.h"
+#include "cabm/interop/hf_encoder.h"
+#include "cabm/interop/hf_pipeline.h"
 #include "cabm/interop/pytorch_forward.h"
 #include "cabm/interop/pytorch_modules.h"
 #include "cabm/interop/state_dict.h"
+#include "cabm/io/hf_tokenizer.h"
 #include "cabm/io/safetensors.h"
 #include "cabm/io/text_data.h"
+#include "cabm/io/text_lines.h"
 #include "cabm/io/tokenizer.h"
 #include "cabm/kernels/attention.h"
 #include "cabm/kernels/mask.h"
@@ -41,6 +49,7 @@
 #include "cabm/nn/encoder.h"
 #include "cabm/nn/multi_head_attention.h"
 #include "cabm/train/checkpoint.h"
+#include "cabm/train/distributed.h"
 #include "cabm/train/generate.h"
 #include "cabm/train/lm_trainer.h"
 #include "cabm/train/model_config.h"

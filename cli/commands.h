@@ -14,5 +14,7 @@ void register_bench(CLI::App& app);     // cmd_bench.cpp
 void register_bench_model(CLI::App& app);  // cmd_bench_model.cpp
 void register_memory(CLI::App& app);    // cmd_memory.cpp
 void register_tokenize(CLI::App& app);  // cmd_tokenize.cpp
+void register_embed(CLI::App& app);     // cmd_embed.cpp
+void register_classify(CLI::App& app);  // cmd_classify.cpp
 
 }  // namespace cabm::cli

@@ -66,6 +66,8 @@ int main(int argc, char** argv) {
   cabm::cli::register_bench_model(app);
   cabm::cli::register_memory(app);
   cabm::cli::register_tokenize(app);
+  cabm::cli::register_embed(app);
+  cabm::cli::register_classify(app);
   app.footer(
       "Exit status: 0 success; 1 failure (a missing or malformed file, a model or checkpoint that does not fit, out "
       "of memory, divergence); 2 usage error (unknown flag, a flag value that is malformed or out of range, flags "

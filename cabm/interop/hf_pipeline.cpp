@@ -1,0 +1,172 @@
+#include "cabm/interop/hf_pipeline.h"
+
+#include "cabm/core/error.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace cabm {
+
+std::vector<HfSequence> hf_tokenize(const HfTokenizer& tokenizer, const HfEncoder& model,
+                                    const std::vector<std::string>& texts, int64_t max_length,
+                                    const std::string& source) {
+  const bool types = model.config.family != HfFamily::kDistilBert && tokenizer.has_token_types();
+  std::vector<HfSequence> out;
+  out.reserve(texts.size());
+  for (size_t i = 0; i < texts.size(); ++i) {
+    TokenizedText t;
+    try {
+      t = tokenizer.encode(texts[i], max_length);
+    } catch (const UsageError&) {
+      throw;
+    } catch (const Error& e) {
+      throw Error(fmt::format("{}: line {}: {}", source, i + 1, e.what()));
+    }
+    if (static_cast<int64_t>(t.input_ids.size()) > model.config.max_tokens())
+      throw Error(
+          fmt::format("{}: line {}: {} tokens, more than the {} positions of {} (max_position_embeddings); "
+                      "pass --max-length",
+                      source, i + 1, t.input_ids.size(), model.config.max_tokens(), model.config.path));
+    out.push_back(HfSequence{std::move(t.input_ids), types ? std::move(t.token_type_ids) : std::vector<int64_t>()});
+  }
+  return out;
+}
+
+void hf_run_batches(const HfEncoder& model, const std::vector<HfSequence>& sequences, const HfBatchOptions& options,
+                    const std::function<void(const std::vector<size_t>& indices, const HfOutputs& outputs)>& consume) {
+  if (options.batch_size < 1) throw UsageError(fmt::format("batch size {} must be positive", options.batch_size));
+  const size_t n = sequences.size();
+  for (size_t i = 0; i < n; ++i) {
+    const HfSequence& s = sequences[i];
+    if (s.input_ids.empty()) throw Error(fmt::format("input {} has no tokens", i + 1));
+    if (!s.token_type_ids.empty() && s.token_type_ids.size() != s.input_ids.size())
+      throw Error(
+          fmt::format("input {}: {} token type ids for {} tokens", i + 1, s.token_type_ids.size(), s.input_ids.size()));
+  }
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return sequences[a].input_ids.size() > sequences[b].input_ids.size(); });
+  const bool types = model.config.family != HfFamily::kDistilBert;
+  HfEncoderCache cache;
+  const size_t batch = static_cast<size_t>(options.batch_size);
+  for (size_t begin = 0; begin < n; begin += batch) {
+    const std::vector<size_t> indices(order.begin() + static_cast<std::ptrdiff_t>(begin),
+                                      order.begin() + static_cast<std::ptrdiff_t>(std::min(n, begin + batch)));
+    const int64_t B = static_cast<int64_t>(indices.size());
+    const int64_t T = static_cast<int64_t>(sequences[indices[0]].input_ids.size());  // the longest: sorted
+    HfInputs in;
+    in.input_ids = Tensor::empty({B, T}, DType::I64);
+    in.attention_mask = Tensor::empty({B, T}, DType::I64);
+    if (types) in.token_type_ids = Tensor::empty({B, T}, DType::I64);
+    int64_t* ids = in.input_ids.data<int64_t>();
+    int64_t* mask = in.attention_mask.data<int64_t>();
+    int64_t* tt = types ? in.token_type_ids.data<int64_t>() : nullptr;
+    for (int64_t b = 0; b < B; ++b) {
+      const HfSequence& s = sequences[indices[static_cast<size_t>(b)]];
+      const int64_t len = static_cast<int64_t>(s.input_ids.size());
+      for (int64_t t = 0; t < T; ++t) {
+        const bool token = t < len;
+        ids[b * T + t] = token ? s.input_ids[static_cast<size_t>(t)] : model.config.pad_token_id;
+        mask[b * T + t] = token ? 1 : 0;
+        if (tt) tt[b * T + t] = token && !s.token_type_ids.empty() ? s.token_type_ids[static_cast<size_t>(t)] : 0;
+      }
+    }
+    consume(indices, hf_encoder_forward(model, in, cache));
+    if (options.progress) options.progress(static_cast<int64_t>(std::min(n, begin + batch)), static_cast<int64_t>(n));
+  }
+}
+
+Tensor hf_embed(const HfEncoder& model, const std::vector<HfSequence>& sequences, HfPooling pooling, bool normalize,
+                const HfBatchOptions& options) {
+  if (pooling == HfPooling::kNone) throw Error("hf_embed: pooling none has no embedding vector (hf_hidden_states)");
+  const int64_t n = static_cast<int64_t>(sequences.size()), E = model.hidden_size();
+  Tensor out = Tensor::zeros({n, E});
+  float* dst = out.data<float>();
+  hf_run_batches(model, sequences, options, [&](const std::vector<size_t>& indices, const HfOutputs& o) {
+    const int64_t T = o.last_hidden_state.size(1);
+    const float* h = o.last_hidden_state.data<float>();
+    for (size_t b = 0; b < indices.size(); ++b) {
+      const int64_t len = static_cast<int64_t>(sequences[indices[b]].input_ids.size());
+      const float* row = h + static_cast<int64_t>(b) * T * E;
+      float* v = dst + static_cast<int64_t>(indices[b]) * E;
+      const int64_t count = pooling == HfPooling::kCls ? 1 : len;
+      for (int64_t e = 0; e < E; ++e) {
+        double sum = 0;
+        for (int64_t t = 0; t < count; ++t) sum += row[t * E + e];
+        v[e] = static_cast<float>(sum / std::max<double>(static_cast<double>(count), 1e-9));
+      }
+      if (normalize) {
+        double sq = 0;
+        for (int64_t e = 0; e < E; ++e) sq += static_cast<double>(v[e]) * v[e];
+        const double scale = 1.0 / std::max(std::sqrt(sq), 1e-12);
+        for (int64_t e = 0; e < E; ++e) v[e] = static_cast<float>(v[e] * scale);
+      }
+    }
+  });
+  return out;
+}
+
+HfHiddenStates hf_hidden_states(const HfEncoder& model, const std::vector<HfSequence>& sequences,
+                                const HfBatchOptions& options) {
+  const int64_t n = static_cast<int64_t>(sequences.size()), E = model.hidden_size();
+  int64_t T = 0;
+  for (const HfSequence& s : sequences) T = std::max(T, static_cast<int64_t>(s.input_ids.size()));
+  HfHiddenStates out{Tensor::zeros({n, T, E}), Tensor::zeros({n, T}, DType::I64)};
+  float* dst = out.last_hidden_state.data<float>();
+  int64_t* mask = out.attention_mask.data<int64_t>();
+  hf_run_batches(model, sequences, options, [&](const std::vector<size_t>& indices, const HfOutputs& o) {
+    const int64_t Tb = o.last_hidden_state.size(1);
+    const float* h = o.last_hidden_state.data<float>();
+    for (size_t b = 0; b < indices.size(); ++b) {
+      const int64_t len = static_cast<int64_t>(sequences[indices[b]].input_ids.size());
+      const int64_t i = static_cast<int64_t>(indices[b]);
+      std::copy(h + static_cast<int64_t>(b) * Tb * E, h + (static_cast<int64_t>(b) * Tb + len) * E, dst + i * T * E);
+      std::fill(mask + i * T, mask + i * T + len, int64_t{1});
+    }
+  });
+  return out;
+}
+
+Tensor hf_logits(const HfEncoder& model, const std::vector<HfSequence>& sequences, const HfBatchOptions& options) {
+  if (!model.has_classifier())
+    throw Error(
+        fmt::format("{}: {} has no classification head (architectures must name a "
+                    "*ForSequenceClassification)",
+                    model.config.path, model.config.architecture));
+  const int64_t n = static_cast<int64_t>(sequences.size()), L = model.num_labels();
+  Tensor out = Tensor::zeros({n, L});
+  float* dst = out.data<float>();
+  hf_run_batches(model, sequences, options, [&](const std::vector<size_t>& indices, const HfOutputs& o) {
+    const float* logits = o.logits.data<float>();
+    for (size_t b = 0; b < indices.size(); ++b)
+      std::copy(logits + static_cast<int64_t>(b) * L, logits + static_cast<int64_t>(b + 1) * L,
+                dst + static_cast<int64_t>(indices[b]) * L);
+  });
+  return out;
+}
+
+Tensor hf_probabilities(const Tensor& logits, bool multi_label) {
+  const int64_t n = logits.size(0), L = logits.size(1);
+  Tensor out = Tensor::empty({n, L});
+  const Tensor in = logits.contiguous();
+  const float* x = in.data<float>();
+  float* p = out.data<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = x + i * L;
+    if (multi_label) {
+      for (int64_t j = 0; j < L; ++j) p[i * L + j] = static_cast<float>(1.0 / (1.0 + std::exp(-double{row[j]})));
+      continue;
+    }
+    const double mx = *std::max_element(row, row + L);
+    double sum = 0;
+    for (int64_t j = 0; j < L; ++j) sum += std::exp(double{row[j]} - mx);
+    for (int64_t j = 0; j < L; ++j) p[i * L + j] = static_cast<float>(std::exp(double{row[j]} - mx) / sum);
+  }
+  return out;
+}
+
+}  // namespace cabm
