@@ -3,9 +3,9 @@
 // oneDNN by 1.2–1.9× on the weight-gradient products Aᵀ·B; on an Intel Xeon with AVX-512 it loses
 // by 2–30× on most of them. A threshold that was right on one was 4–6× wrong on the other.)
 //
-// The first product of a given form and shape (transposes, M, N, K, leading dimensions, thread
-// count) that is large enough to matter is timed on both libraries, in alternation, and the
-// faster one is kept for the rest of the process; OpenBLAS must win by 10% to be taken (oneDNN is
+// The first product of a given form and size class (transposes; M, N, K each rounded up to a
+// power of two; packed or strided; thread count) that is large enough to matter is timed on both
+// libraries, in alternation, and the faster one is kept for the rest of the process; OpenBLAS must win by 10% to be taken (oneDNN is
 // the default and the one cabm's bf16 products use). Smaller products always run on oneDNN.
 //
 // The decisions are also kept on disk, like FFTW's wisdom, so that every process on one machine
@@ -34,7 +34,7 @@ struct GemmShape {
   bool ta = false, tb = false;
   int64_t M = 0, N = 0, K = 0, lda = 0, ldb = 0, ldc = 0;
   int threads = 1;
-  std::string key() const;  // "TN M768 N256 K4096 lda768 ldb256 ldc256 t2"
+  std::string key() const;  // the size class: "TN M~1024 N~256 K~4096 packed t2"
 };
 
 // Products with fewer multiply-adds than this are not timed: they run on oneDNN.

@@ -286,7 +286,7 @@ TEST(GemmRoute, DecidedOnceKeptInWisdom) {
   const std::string wisdom = test::temp_dir() + "/gemm_routes.tsv";
   std::filesystem::remove(wisdom);
   reset_gemm_routes(wisdom);
-  const Case c{256, 256, 256, true, false, 1.0f, 0.0f, 0};
+  const Case c{300, 256, 256, true, false, 1.0f, 0.0f, 0};
   const Operands o = make_operands(c, 5, false);
   std::vector<float> out = o.c0;
   const auto run = [&] {
@@ -296,6 +296,21 @@ TEST(GemmRoute, DecidedOnceKeptInWisdom) {
   EXPECT_EQ(gemm_route_trials(), 1);
   run();
   EXPECT_EQ(gemm_route_trials(), 1) << "decided once per shape";
+  // Another shape of the same size class (M, N, K each within the same power of two, packed)
+  // takes that decision; a strided one (padded rows) is another class.
+  const auto run_case = [](const Case& k, uint64_t seed) {
+    const Operands p = make_operands(k, seed, false);
+    std::vector<float> y = p.c0;
+    gemm({p.a.data(), k.M, k.K, p.lda, k.ta}, {p.b.data(), k.K, k.N, p.ldb, k.tb}, y.data(), p.ldc);
+  };
+  run_case(Case{400, 256, 256, true, false, 1.0f, 0.0f, 0}, 8);
+  EXPECT_EQ(gemm_route_trials(), 1) << "one decision per size class";
+  run_case(Case{400, 256, 256, true, false, 1.0f, 0.0f, 3}, 9);
+  EXPECT_EQ(gemm_route_trials(), 2) << "strided operands are another class";
+  std::filesystem::remove(wisdom);
+  reset_gemm_routes(wisdom);
+  run();
+  EXPECT_EQ(gemm_route_trials(), 1);
   const auto decisions = gemm_route_decisions();
   ASSERT_EQ(decisions.size(), 1u);
   EXPECT_FALSE(decisions[0].from_wisdom);
@@ -306,7 +321,7 @@ TEST(GemmRoute, DecidedOnceKeptInWisdom) {
                 ? GemmLibrary::kOpenBlas
                 : GemmLibrary::kOneDnn);
   EXPECT_EQ(count_lines(wisdom), 1);
-  EXPECT_NE(gemm_route_summary().find("TN M256 N256 K256"), std::string::npos) << gemm_route_summary();
+  EXPECT_NE(gemm_route_summary().find("TN M~512 N~256 K~256 packed"), std::string::npos) << gemm_route_summary();
 
   reset_gemm_routes(wisdom);  // a new process on the same machine
   run();
