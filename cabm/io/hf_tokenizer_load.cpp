@@ -127,6 +127,15 @@ void parse_post_processor(const json& p, const std::string& file, HfTokenizer::I
     for (const json& item : p.at("single")) {
       TemplatePiece piece;
       if (item.contains("Sequence")) {
+        // A single input's template holds its sequence once, as $A: truncation reserves room
+        // for the special tokens only (a second copy, or $B, would exceed max_length).
+        const std::string id = item["Sequence"].value("id", std::string("A"));
+        if (id != "A")
+          throw Error(fmt::format("{}: post_processor's 'single' template uses sequence '{}'; only A is an input",
+                                  file, id));
+        for (const TemplatePiece& earlier : impl.single_template)
+          if (earlier.sequence)
+            throw Error(fmt::format("{}: post_processor's 'single' template holds the sequence more than once", file));
         piece.sequence = true;
         piece.type_id = item["Sequence"].value("type_id", int64_t{0});
       } else {

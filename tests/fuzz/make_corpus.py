@@ -10,7 +10,7 @@ import os
 import struct
 import sys
 
-TARGETS = ["safetensors", "state_json", "model_metadata", "forward", "text_data"]
+TARGETS = ["safetensors", "state_json", "model_metadata", "forward", "text_data", "hf_tokenizer", "hf_config"]
 
 # ---------------------------------------------------------------------------------------------
 # safetensors, built by hand: u64 header length, JSON header, one buffer.
@@ -258,8 +258,121 @@ def corpus_text_data():
     }
 
 
+# ---------------------------------------------------------------------------------------------
+# Hugging Face tokenizer.json (the three model types cabm reads) and config.json.
+
+def added(tokens):
+    return [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": False, "special": True} for i, t in tokens]
+
+
+def wordpiece_json(lowercase=True, strip_accents=None, max_chars=100):
+    vocab = {t: i for i, t in enumerate(
+        ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "world", ",", "!", "caf", "##e", "##s",
+         "\u65e5", "\u672c", "x", "##x"])}
+    return {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": added([(0, "[PAD]"), (1, "[UNK]"), (2, "[CLS]"), (3, "[SEP]"), (4, "[MASK]")]),
+        "normalizer": {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True,
+                       "strip_accents": strip_accents, "lowercase": lowercase},
+        "pre_tokenizer": {"type": "BertPreTokenizer"},
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                       {"SpecialToken": {"id": "[SEP]", "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                     {"SpecialToken": {"id": "[SEP]", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}},
+                     {"SpecialToken": {"id": "[SEP]", "type_id": 1}}],
+            "special_tokens": {"[CLS]": {"id": "[CLS]", "ids": [2], "tokens": ["[CLS]"]},
+                               "[SEP]": {"id": "[SEP]", "ids": [3], "tokens": ["[SEP]"]}}},
+        "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": True},
+        "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+                  "max_input_chars_per_word": max_chars, "vocab": vocab}}
+
+
+def byte_bpe_json():
+    vocab = {t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>", "<mask>", "h", "e", "l", "o", "\u0120",
+                                         "w", "r", "d", "he", "ll", "hell", "hello", "\u0120w"])}
+    return {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": added([(0, "<s>"), (1, "<pad>"), (2, "</s>"), (3, "<unk>"), (4, "<mask>")]),
+        "normalizer": None,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        "post_processor": {"type": "RobertaProcessing", "sep": ["</s>", 2], "cls": ["<s>", 0],
+                           "trim_offsets": True, "add_prefix_space": False},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+                  "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": ["h e", "l l", "he ll", "hell o", "\u0120 w"]}}
+
+
+def unigram_json():
+    pieces = [["<s>", 0.0], ["<pad>", 0.0], ["</s>", 0.0], ["<unk>", 0.0], ["\u2581", -2.0],
+              ["\u2581hello", -4.0], ["\u2581world", -4.5], ["h", -6.0], ["e", -6.0], ["l", -6.0], ["o", -6.0],
+              [",", -5.0], ["<mask>", 0.0]]
+    return {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": added([(0, "<s>"), (1, "<pad>"), (2, "</s>"), (3, "<unk>"), (12, "<mask>")]),
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "}]},
+        "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True},
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                       {"SpecialToken": {"id": "</s>", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 0}}],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [0], "tokens": ["<s>"]},
+                               "</s>": {"id": "</s>", "ids": [2], "tokens": ["</s>"]}}},
+        "decoder": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True},
+        "model": {"type": "Unigram", "unk_id": 3, "vocab": pieces, "byte_fallback": False}}
+
+
+def as_json(doc):
+    return json.dumps(doc, ensure_ascii=False).encode("utf-8")
+
+
+def corpus_hf_tokenizer():
+    return {
+        "wordpiece_uncased": as_json(wordpiece_json()),
+        "wordpiece_cased": as_json(wordpiece_json(lowercase=False, strip_accents=False, max_chars=5)),
+        "wordpiece_strip": as_json(wordpiece_json(lowercase=False, strip_accents=True)),
+        "byte_bpe": as_json(byte_bpe_json()),
+        "unigram": as_json(unigram_json()),
+        "not_json": b"{\"model\": {\"type\": \"WordPiece\", \"vocab\": {\"a\": 0",
+        "unknown_model": as_json({"model": {"type": "WordLevel", "vocab": {"a": 0}}}),
+    }
+
+
+def hf_config(**changes):
+    config = {"architectures": ["BertModel"], "model_type": "bert", "vocab_size": 30, "hidden_size": 8,
+              "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 16, "hidden_act": "gelu",
+              "max_position_embeddings": 16, "type_vocab_size": 2, "layer_norm_eps": 1e-12, "pad_token_id": 0,
+              "position_embedding_type": "absolute"}
+    config.update(changes)
+    return as_json(config)
+
+
+def corpus_hf_config():
+    return {
+        "bert": hf_config(),
+        "bert_classifier": hf_config(architectures=["BertForSequenceClassification"],
+                                     id2label={"0": "neg", "1": "pos"}, problem_type="single_label_classification"),
+        "roberta": hf_config(architectures=["RobertaModel"], model_type="roberta", pad_token_id=1,
+                             max_position_embeddings=18, type_vocab_size=1, hidden_act="gelu_new"),
+        "xlmr_multilabel": hf_config(architectures=["XLMRobertaForSequenceClassification"], model_type="xlm-roberta",
+                                     pad_token_id=1, problem_type="multi_label_classification",
+                                     id2label={"0": "a", "1": "b", "2": "c"}),
+        "distilbert": as_json({"architectures": ["DistilBertModel"], "model_type": "distilbert", "vocab_size": 30,
+                               "dim": 8, "n_layers": 2, "n_heads": 2, "hidden_dim": 16, "activation": "gelu",
+                               "max_position_embeddings": 16, "sinusoidal_pos_embds": False, "pad_token_id": 0}),
+        "bad_act": hf_config(hidden_act="swish"),
+        "huge": hf_config(hidden_size=2 ** 40, num_attention_heads=2 ** 20),
+    }
+
+
 CORPORA = {"safetensors": corpus_safetensors, "state_json": corpus_state_json,
-           "model_metadata": corpus_model_metadata, "forward": corpus_forward, "text_data": corpus_text_data}
+           "model_metadata": corpus_model_metadata, "forward": corpus_forward, "text_data": corpus_text_data,
+           "hf_tokenizer": corpus_hf_tokenizer, "hf_config": corpus_hf_config}
 
 
 def main():

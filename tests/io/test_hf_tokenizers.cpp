@@ -243,6 +243,26 @@ TEST(HfTokenizers, FromTokenizerJsonParsesWhatLoadReads) {
       std::string::npos);
 }
 
+// Found by fuzz_hf_tokenizer: a 'single' template holding the sequence twice (or $B) made
+// encodings longer than max_length, since truncation reserves room for special tokens only.
+TEST(HfTokenizers, SingleTemplateHoldsTheSequenceOnce) {
+  const auto with_single = [](const std::string& single) {
+    return R"({"model": {"type": "WordPiece", "unk_token": "[UNK]", "vocab": {"[UNK]": 0, "[CLS]": 1, "a": 2}},
+               "pre_tokenizer": {"type": "BertPreTokenizer"}, "post_processor": {"type": "TemplateProcessing", "single": )" +
+           single + R"(, "special_tokens": {"[CLS]": {"id": "[CLS]", "ids": [1], "tokens": ["[CLS]"]}}}})";
+  };
+  const std::string once = R"([{"SpecialToken": {"id": "[CLS]"}}, {"Sequence": {"id": "A"}}])";
+  EXPECT_EQ(HfTokenizer::from_tokenizer_json(with_single(once), "t.json").encode("a a a a", 3).input_ids,
+            (std::vector<int64_t>{1, 2, 2}));
+  const std::string twice = R"([{"Sequence": {"id": "A"}}, {"SpecialToken": {"id": "[CLS]"}}, {"Sequence": {"id": "A"}}])";
+  EXPECT_NE(test::error_of([&] { HfTokenizer::from_tokenizer_json(with_single(twice), "t.json"); })
+                .find("t.json: post_processor's 'single' template holds the sequence more than once"),
+            std::string::npos);
+  const std::string b = R"([{"Sequence": {"id": "B"}}])";
+  EXPECT_NE(test::error_of([&] { HfTokenizer::from_tokenizer_json(with_single(b), "t.json"); }).find("sequence 'B'"),
+            std::string::npos);
+}
+
 TEST(TextLines, SplitsLinesAsTheContractSays) {
   EXPECT_EQ(split_text_lines("a\r\nb\n", "x"), (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(split_text_lines("a\n\n", "x"), (std::vector<std::string>{"a", ""}));
