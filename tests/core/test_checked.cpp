@@ -104,6 +104,7 @@ int in_limited_child(size_t address_space, const std::function<int()>& fn) {
 // F8: an allocation the system refuses is a cabm::OutOfMemory naming the bytes and the shape
 // (it was "tensor.cpp:38: out of memory allocating N bytes", with no shape), not a crash.
 TEST(CheckedShapes, OutOfMemorySaysWhatWasAllocated) {
+  CABM_SKIP_WITHOUT_ADDRESS_LIMITS();
   const int code = in_limited_child(size_t{1} << 30, [] {
     try {
       Tensor::zeros({int64_t{1} << 29, 4});  // 8 GiB
@@ -119,6 +120,7 @@ TEST(CheckedShapes, OutOfMemorySaysWhatWasAllocated) {
 }
 
 TEST(MemoryLimit, ReadsTheAddressSpaceLimit) {
+  CABM_SKIP_WITHOUT_ADDRESS_LIMITS();
   EXPECT_GT(memory_limit_bytes(), 0);
   const int code = in_limited_child(size_t{1} << 30, [] {
     if (memory_limit_bytes() > (int64_t{1} << 30)) return 2;

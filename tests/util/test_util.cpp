@@ -112,8 +112,15 @@ CmdResult run_cabm_limited(const std::vector<std::string>& args, const RunLimits
   for (std::string& a : argv_strings) argv.push_back(a.data());
   argv.push_back(nullptr);
   std::vector<std::string> env_strings = {"CABM_NUM_THREADS=2"};
-  for (char** e = environ; *e != nullptr; ++e)
-    if (std::string(*e).rfind("CABM_NUM_THREADS=", 0) != 0) env_strings.emplace_back(*e);
+  std::string asan_options = "allocator_may_return_null=1";
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    if (kAddressSanitizer && entry.rfind("ASAN_OPTIONS=", 0) == 0)
+      asan_options = entry.substr(13) + ":" + asan_options;
+    else if (entry.rfind("CABM_NUM_THREADS=", 0) != 0)
+      env_strings.push_back(entry);
+  }
+  if (kAddressSanitizer) env_strings.push_back("ASAN_OPTIONS=" + asan_options);
   std::vector<char*> envp;
   for (std::string& e : env_strings) envp.push_back(e.data());
   envp.push_back(nullptr);
@@ -127,7 +134,7 @@ CmdResult run_cabm_limited(const std::vector<std::string>& args, const RunLimits
     dup2(in_fd, 0);
     dup2(out_fd, 1);
     dup2(err_fd, 2);
-    if (limits.address_space > 0) {
+    if (limits.address_space > 0 && !kAddressSanitizer) {
       const rlimit r{limits.address_space, limits.address_space};
       if (setrlimit(RLIMIT_AS, &r) != 0) _exit(126);
     }

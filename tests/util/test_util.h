@@ -12,6 +12,27 @@
 
 namespace cabm::test {
 
+// AddressSanitizer reserves terabytes of shadow memory at start-up, so a process under an
+// address-space limit (RLIMIT_AS) cannot even start there: the tests that prove a limit is
+// honoured skip, saying why, in a sanitizer build (the release build runs them).
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+inline constexpr bool kAddressSanitizer = true;
+#else
+inline constexpr bool kAddressSanitizer = false;
+#endif
+#else
+inline constexpr bool kAddressSanitizer = false;
+#endif
+#define CABM_SKIP_WITHOUT_ADDRESS_LIMITS()                                                          \
+  do {                                                                                              \
+    if (::cabm::test::kAddressSanitizer)                                                            \
+      GTEST_SKIP() << "needs an address-space limit (RLIMIT_AS), which AddressSanitizer's shadow " \
+                      "memory rules out; the release build runs it";                                \
+  } while (0)
+
 // Uniform in [lo, hi), deterministic in seed.
 Tensor random_tensor(const Shape& shape, uint64_t seed, float lo = -1.0f, float hi = 1.0f);
 
@@ -62,7 +83,9 @@ CmdResult run_cabm(const std::string& args);
 
 // Runs `cabm ARGS` without a shell (fork + exec; CABM_NUM_THREADS=2, stdin from /dev/null),
 // with, set in the child before exec, an address-space limit (RLIMIT_AS, bytes; 0: none), a CPU
-// time limit (0: none) and a umask (-1: inherited). Under the limit a regression that allocates
+// time limit (0: none) and a umask (-1: inherited). In an AddressSanitizer build the address
+// space is not limited (see kAddressSanitizer) and the child's allocator returns null instead
+// of aborting when memory runs out (ASAN_OPTIONS=allocator_may_return_null=1), as malloc would. Under the limit a regression that allocates
 // without bound fails fast in the child instead of swapping the machine.
 struct RunLimits {
   size_t address_space = size_t{2} << 30;
