@@ -296,7 +296,24 @@ std::vector<float> Tensor::to_vector() const {
 
 void ensure_shape(Tensor& t, const Shape& shape, DType dtype) {
   if (t.defined() && t.shape() == shape && t.dtype() == dtype && t.is_contiguous()) return;
+  if (t.reuse_storage(shape, dtype)) return;
   t = Tensor::empty(shape, dtype);
+}
+
+bool Tensor::reuse_storage(const Shape& shape, DType dtype) {
+  // Only storage nothing else can see: no other tensor (view) shares it, and it is cabm's own.
+  if (storage_ == nullptr || storage_.use_count() != 1 || !storage_->owned()) return false;
+  for (int64_t s : shape)
+    if (s < 0) return false;  // Tensor::empty reports it
+  size_t bytes = 0;
+  if (__builtin_mul_overflow(static_cast<size_t>(shape_numel(shape)), dtype_size(dtype), &bytes) ||
+      bytes > storage_->bytes())
+    return false;
+  offset_ = 0;
+  shape_ = shape;
+  strides_ = contiguous_strides(shape);
+  dtype_ = dtype;
+  return true;
 }
 
 }  // namespace cabm

@@ -169,3 +169,36 @@ TEST(Threads, SetAndRead) {
 
 }  // namespace
 }  // namespace cabm
+
+namespace cabm {
+namespace {
+
+// ensure_shape keeps a workspace's storage for every shape that fits in it (no fresh pages per
+// batch), but never one that a view shares, and grows it when a shape does not fit.
+TEST(EnsureShape, ReusesStorageThatFitsAndIsNotShared) {
+  Tensor t;
+  ensure_shape(t, {4, 8});
+  const void* first = t.raw_data();
+  ensure_shape(t, {3, 5});
+  EXPECT_EQ(t.raw_data(), first);
+  EXPECT_EQ(t.shape(), (Shape{3, 5}));
+  EXPECT_TRUE(t.is_contiguous());
+  ensure_shape(t, {16}, DType::BF16);  // 32 bytes of 128
+  EXPECT_EQ(t.raw_data(), first);
+  EXPECT_EQ(t.dtype(), DType::BF16);
+  const Tensor view = t;  // shared: reusing would change what `view` sees
+  ensure_shape(t, {2, 2});
+  EXPECT_NE(t.raw_data(), first);
+  EXPECT_EQ(view.raw_data(), first);
+  const void* second = t.raw_data();
+  ensure_shape(t, {64, 64});  // larger than the storage
+  EXPECT_NE(t.raw_data(), second);
+  EXPECT_EQ(t.numel(), 64 * 64);
+  std::vector<float> external(8);
+  Tensor ext = Tensor::from_external(external.data(), {8});
+  ensure_shape(ext, {4});  // the caller's memory is never re-viewed
+  EXPECT_NE(ext.raw_data(), static_cast<void*>(external.data()));
+}
+
+}  // namespace
+}  // namespace cabm
