@@ -4,12 +4,13 @@
 //                           16 keys × 2 dims; for AMX, the VNNI layout of a B tile)
 //   V [Mp/2][dvp][2]        pairs of keys, then columns
 // dp, dvp: d and dv rounded up (even at least); Mp: M rounded up to 16 (or more); the padding
-// is zero.
+// is zero. Also the end of a query tile, which both forwards share (write_tile_output).
 #pragma once
 
 #include "cabm/core/tensor.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 namespace cabm::detail {
@@ -42,6 +43,36 @@ inline void pack_kv_head(const Tensor& k, const Tensor& v, int64_t b, int64_t h,
     const bf16* vrow = vs + j * v.stride(1);
     for (int64_t c = 0; c < d; ++c) kp[packed_k_index(j, c, dp)] = krow[c];
     for (int64_t c = 0; c < dv; ++c) vp[packed_v_index(j, c, dvp)] = vrow[c];
+  }
+}
+
+// A query tile's running softmax state: unnormalised output rows o (ldo floats apart), their
+// denominators l and base-2 maxima m.
+struct TileState {
+  const float* o;
+  int64_t ldo;
+  const float* l;
+  const float* m;
+};
+
+// Divides each of the tile's ni rows by its denominator into out [B, N, H, dv] (rows i0 … of
+// head (b, h)) and writes its natural log-sum-exp to lse_rows (when not null); fully masked rows
+// (l = 0) give 0 and lse −inf.
+inline void write_tile_output(const Tensor& out, int64_t b, int64_t h, int64_t i0, int64_t ni, int64_t dv,
+                              const TileState& t, float* lse_rows) {
+  constexpr float kLn2 = 0.6931471805599453f;
+  const int64_t out_stride = out.stride(1);
+  float* rows = out.data<float>() + b * out.stride(0) + h * out.stride(2);
+  for (int64_t r = 0; r < ni; ++r) {
+    float* orow = rows + (i0 + r) * out_stride;
+    const float lr = t.l[r];
+    if (lr == 0.0f) {
+      std::fill_n(orow, dv, 0.0f);
+    } else {
+      const float inv = 1.0f / lr;
+      for (int64_t c = 0; c < dv; ++c) orow[c] = t.o[r * t.ldo + c] * inv;
+    }
+    if (lse_rows) lse_rows[r] = lr > 0.0f ? (t.m[r] + std::log2(lr)) * kLn2 : -INFINITY;
   }
 }
 

@@ -22,7 +22,6 @@ namespace cabm::detail {
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 constexpr int64_t kRows = 32;  // query rows per work item: two A tiles
 
 int64_t round_up(int64_t a, int64_t b) {
@@ -405,19 +404,8 @@ CABM_AMX void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int6
   }
 
   // One division per row; fully masked rows (l = 0) give 0 and lse = −inf.
-  const int64_t out_stride = args.out.stride(1);
-  float* out = args.out.data<float>() + b * args.out.stride(0) + h * args.out.stride(2);
-  for (int64_t r = 0; r < ni; ++r) {
-    float* orow = out + (i0 + r) * out_stride;
-    const float lr = buf.l[r];
-    if (lr == 0.0f) {
-      std::fill_n(orow, p.dv, 0.0f);
-    } else {
-      const float inv = 1.0f / lr;
-      for (int64_t c = 0; c < p.dv; ++c) orow[c] = o[r * p.dvp + c] * inv;
-    }
-    if (args.lse) args.lse[(b * p.H + h) * p.N + i0 + r] = lr > 0.0f ? (buf.m[r] + std::log2(lr)) * kLn2 : -INFINITY;
-  }
+  detail::write_tile_output(args.out, b, h, i0, ni, p.dv, {o, p.dvp, buf.l.data(), buf.m.data()},
+                    args.lse ? args.lse + (b * p.H + h) * p.N + i0 : nullptr);
 }
 
 // One thread's share: its tile configuration is per thread (loaded here, released at the end).

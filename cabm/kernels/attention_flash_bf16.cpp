@@ -21,7 +21,6 @@ namespace cabm {
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 constexpr int64_t kKeyBlock = 16;  // keys per packed K block: one zmm of fp32 score lanes
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -351,19 +350,8 @@ void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int64_t h, in
   }
 
   // One division per row; fully masked rows (l = 0) give 0 and lse = −inf.
-  const int64_t out_stride = args.out.stride(1);
-  float* out = args.out.data<float>() + b * args.out.stride(0) + h * args.out.stride(2);
-  for (int64_t r = 0; r < ni; ++r) {
-    float* orow = out + (i0 + r) * out_stride;
-    const float lr = buf.l[r];
-    if (lr == 0.0f) {
-      std::fill_n(orow, p.dv, 0.0f);
-    } else {
-      const float inv = 1.0f / lr;
-      for (int64_t c = 0; c < p.dv; ++c) orow[c] = o[r * buf.ldo + c] * inv;
-    }
-    if (args.lse) args.lse[(b * p.H + h) * p.N + i0 + r] = lr > 0.0f ? (buf.m[r] + std::log2(lr)) * kLn2 : -INFINITY;
-  }
+  detail::write_tile_output(args.out, b, h, i0, ni, p.dv, {o, buf.ldo, buf.l.data(), buf.m.data()},
+                    args.lse ? args.lse + (b * p.H + h) * p.N + i0 : nullptr);
 }
 
 void check_shapes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out) {
