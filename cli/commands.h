@@ -6,6 +6,7 @@
 namespace cabm::cli {
 
 void register_forward(CLI::App& app);
+void register_attention(CLI::App& app);  // cmd_attention.cpp
 void register_train(CLI::App& app);     // cmd_train.cpp
 void register_generate(CLI::App& app);  // cmd_generate.cpp
 void register_eval(CLI::App& app);      // cmd_eval.cpp

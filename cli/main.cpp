@@ -59,6 +59,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "cabm 0.1.0");
   cabm::cli::register_forward(app);
+  cabm::cli::register_attention(app);
   cabm::cli::register_train(app);
   cabm::cli::register_generate(app);
   cabm::cli::register_eval(app);

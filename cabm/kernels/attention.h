@@ -13,6 +13,12 @@
 //                       else attention_reference_backward (which recomputes the softmax rows);
 //                       BF16 saved q, k, v: attention_flash_bf16_backward (lse required).
 //
+// The variants of current models (GQA/MQA, soft-capping, ALiBi, sinks; attention_reference.h):
+// a kernel runs them when flash_supports_variants says it does, else the reference runs (on F32
+// copies of BF16 operands). Sinks are applied here around every tiled kernel: the forward folds
+// σ_h into the saved log-sum-exp (lse' = log(e^lse + e^σ), out · e^(lse − lse')), which the
+// tiled backward then recomputes P from, and dL/dσ_h = −Σ_i e^(σ_h − lse'_i) (dO_i · O_i).
+//
 // Callers that need the attention weights (need_weights) call attention_reference_forward
 // directly: the weights are the N×M matrix the fast path exists to avoid.
 #pragma once
@@ -24,11 +30,11 @@ namespace cabm {
 
 enum class AttentionKernel { kFlash, kFlashBf16, kReference };
 
-// Which kernel attention_forward / attention_backward would run for operands of `dtype`.
-AttentionKernel attention_forward_kernel(DType dtype, const AttentionOptions& options);
+// Which kernel attention_forward / attention_backward would run for these operands.
+AttentionKernel attention_forward_kernel(const Tensor& q, const Tensor& k, const AttentionOptions& options);
 AttentionKernel attention_backward_kernel(const AttentionSaved& saved, const AttentionOptions& options);
 
-// q [B, N, H, d], k [B, M, H, d], v [B, M, H, dv], all F32 or all BF16 → out F32 [B, N, H, dv];
+// q [B, N, H, d], k [B, M, Hkv, d], v [B, M, Hkv, dv], all F32 or all BF16 → out F32 [B, N, H, dv];
 // lse F32 [B, H, N] contiguous if non-null (save it for attention_backward).
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
                        const Tensor& out, const Tensor* lse = nullptr);

@@ -256,6 +256,8 @@ struct Problem {
 Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
                      const FlashConfig& config, bool backward) {
   CABM_CHECK(options.dropout >= 0.0f && options.dropout < 1.0f, "dropout {} outside [0, 1)", options.dropout);
+  CABM_CHECK(flash_supports_variants(q.size(2), k.size(2), options),
+             "attention_flash: these variants (GQA, soft-cap, ALiBi) take the reference kernel (attention_forward)");
   const FlashConfig tiles = flash_resolved_config(config, options, q.size(3), q.size(1), backward);
   Problem p{};
   p.B = q.size(0), p.N = q.size(1), p.H = q.size(2), p.M = k.size(1), p.d = q.size(3), p.dv = v.size(3);
@@ -672,6 +674,10 @@ void backward_split_key_tiles(const BackwardArgs& args, const std::vector<int64_
 }  // namespace
 
 const char* flash_isa() { return simd::kIsa; }
+
+bool flash_supports_variants(int64_t H, int64_t Hkv, const AttentionOptions& options) {
+  return H == Hkv && options.softcap == 0.0f && options.alibi_slopes.empty();
+}
 
 FlashConfig flash_resolved_config(const FlashConfig& config, const AttentionOptions& options, int64_t d, int64_t n,
                                   bool backward) {

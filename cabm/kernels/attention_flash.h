@@ -53,6 +53,11 @@ void attention_flash_backward(const AttentionSaved& saved, const Tensor& dout, c
 FlashConfig flash_resolved_config(const FlashConfig& config, const AttentionOptions& options, int64_t d, int64_t n,
                                   bool backward);
 
+// Whether attention_flash_forward / _backward (and the bf16 backward, the same body over bf16
+// operands) run these variants themselves: H query heads over Hkv key/value heads, soft-capping,
+// ALiBi. (Sinks are applied around them by attention.cpp.)
+bool flash_supports_variants(int64_t H, int64_t Hkv, const AttentionOptions& options);
+
 // The SIMD flavour compiled in: "avx512", "avx2" or "portable".
 const char* flash_isa();
 

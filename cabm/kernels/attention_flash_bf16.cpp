@@ -583,6 +583,11 @@ void check_backward_shapes(const AttentionSaved& saved, const Tensor& dout, cons
 
 }  // namespace
 
+bool flash_bf16_supports_variants(int64_t H, int64_t Hkv, const AttentionOptions& options, bool backward) {
+  (void)backward;
+  return H == Hkv && options.softcap == 0.0f && options.alibi_slopes.empty();
+}
+
 const char* attention_flash_bf16_path() { return path_name(forward_path()); }
 const char* attention_flash_bf16_backward_path() { return path_name(backward_path()); }
 

@@ -53,6 +53,11 @@ void attention_flash_bf16_forward(const Tensor& q, const Tensor& k, const Tensor
 void attention_flash_bf16_backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
                                    const AttentionGrads& grads, const FlashConfig& config = {});
 
+// Whether attention_flash_bf16_forward (backward: attention_flash_bf16_backward) runs these
+// variants itself: H query heads over Hkv key/value heads, soft-capping, ALiBi. (Sinks are
+// applied around every tiled kernel by attention.cpp.)
+bool flash_bf16_supports_variants(int64_t H, int64_t Hkv, const AttentionOptions& options, bool backward);
+
 // The path attention_flash_bf16_forward takes now: "amx_bf16", "avx512_bf16", "avx2_fp32" (or
 // "avx512_fp32") or "portable".
 const char* attention_flash_bf16_path();

@@ -7,8 +7,16 @@
 // fallback for whatever the fast path does not take.
 //
 // Conventions shared with every attention kernel in cabm:
-//  - Layout: q [B, N, H, d], k [B, M, H, d], v [B, M, H, dv], out [B, N, H, dv], all strided
+//  - Layout: q [B, N, H, d], k [B, M, Hkv, d], v [B, M, Hkv, dv], out [B, N, H, dv], all strided
 //    views (heads are views of [B, N, E] activations, never transposed copies).
+//  - Grouped-query attention (GQA/MQA; Ainslie et al. 2023): H is a multiple of Hkv and query
+//    head h reads key/value head h / (H / Hkv), PyTorch's `enable_gqa`. Hkv = H is plain
+//    multi-head attention. Masks, dropout, biases and sinks are indexed by the query head.
+//  - A score is built in this order (see attention_score_order in docs/attention_variants.md):
+//    scale · q·k, soft-cap c·tanh(s/c), + ALiBi bias −slope_h·|pos_q − pos_k| + additive mask
+//    parts, then the blocking parts (bool, causal, window, padding, blocks) set −∞.
+//  - Attention sinks (Xiao et al. 2023; gpt-oss): a logit per head that joins each row's
+//    softmax denominator and contributes no value.
 //  - scale defaults to 1/√d.
 //  - Softmax subtracts the row maximum before exp (stable for any logits).
 //  - A fully masked row (every score −inf) gives output 0, weights 0 and log-sum-exp −inf:
@@ -24,6 +32,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 namespace cabm {
 
@@ -33,9 +42,28 @@ struct AttentionOptions {
   float dropout = 0.0f;        // probability of dropping an attention weight; 0 in eval
   uint64_t dropout_seed = 0;   // with dropout_offset, selects the random stream
   uint64_t dropout_offset = 0; // advance per call (e.g. per layer and step)
+  // Logit soft-capping (Gemma 2): c > 0 maps a scaled score s to c·tanh(s/c); 0 = off.
+  float softcap = 0.0f;
+  // ALiBi (Press et al. 2022): empty = off, else one slope per query head ([H]); the score of
+  // query i and key j gets −slope_h·|q_position(i) − k_position(j)|.
+  std::vector<float> alibi_slopes;
+  // Positions ALiBi reads: empty = keys 0…M−1 and queries M−N…M−1 (bottom-right aligned, as
+  // the causal mask and a KV cache are), else [N] and [M].
+  std::vector<int64_t> q_positions, k_positions;
+  // Attention sinks: undefined = none, else F32 [H] contiguous, one logit per query head.
+  Tensor sinks;
 };
 
 float attention_scale(const AttentionOptions& options, int64_t d);
+
+// Checks the variant options against the sizes (slopes [H], positions [N] / [M], sinks [H],
+// softcap finite and >= 0); throws cabm::Error naming the option.
+void check_attention_variants(const AttentionOptions& options, int64_t H, int64_t N, int64_t M);
+
+// The paper's ALiBi slopes for H heads: 2^(−8(i+1)/H) for H a power of two; otherwise those of
+// the largest power of two below H, then every other slope of twice that count (the rule of
+// the ALiBi authors' code), as Hugging Face's and PyTorch's models compute them.
+std::vector<float> alibi_paper_slopes(int64_t H);
 
 // Whether attention weight (b, h, i, j) survives dropout. Counter-based: the same answer in
 // every kernel, forward and backward, for any thread count.
@@ -72,9 +100,13 @@ struct AttentionSaved {
 };
 
 // Gradients with respect to q, k, v: preallocated strided views with the shapes of q, k, v
-// (e.g. head views of one [B, N, 3E] buffer). Backward overwrites them.
+// (e.g. head views of one [B, N, 3E] buffer). Backward overwrites them. With GQA, dk and dv of a
+// key/value head are the sums over the query heads of its group, added in head order.
+// dsinks: F32 [H] contiguous, overwritten when options.sinks is defined (may be left undefined
+// when that gradient is not wanted).
 struct AttentionGrads {
   Tensor dq, dk, dv;
+  Tensor dsinks{};
 };
 
 // Checks shapes and strides of q, k, v, out for the conventions above; throws cabm::Error.
