@@ -75,12 +75,14 @@ void run_memory(const MemoryFlags& f) {
   CausalLMConfig mc = lm_model_config(f.train);
   mc.vocab_size = f.vocab;
   const int64_t L = mc.num_layers, E = mc.d_model, H = mc.nhead, F = mc.dim_feedforward, V = mc.vocab_size;
+  const int64_t W = E + 2 * (E / H) * mc.num_kv_heads;  // q, k, v columns (3E without grouped-query attention)
   const int64_t B = f.train.batch_size, N = f.train.seq_len;
   const double BN = static_cast<double>(B) * static_cast<double>(N);
 
-  std::printf("causal LM: L %lld, E %lld, H %lld (d %lld), F %lld, V %lld, T %lld, B %lld, %s, fp32\n",
+  std::printf("causal LM: L %lld, E %lld, H %lld (d %lld, %lld key/value heads), F %lld, V %lld, T %lld, B %lld, %s, "
+              "fp32\n",
               static_cast<long long>(L), static_cast<long long>(E), static_cast<long long>(H),
-              static_cast<long long>(E / H), static_cast<long long>(F), static_cast<long long>(V),
+              static_cast<long long>(E / H), static_cast<long long>(mc.num_kv_heads), static_cast<long long>(F), static_cast<long long>(V),
               static_cast<long long>(N), static_cast<long long>(B), mc.norm_first ? "pre-norm" : "post-norm");
   std::printf("\nESTIMATE (from the shapes the code allocates)\n");
 
@@ -109,7 +111,7 @@ void run_memory(const MemoryFlags& f) {
 
   const std::string bne = fmt::format("[{},{},{}]", B, N, E);
   std::vector<Item> layer = {
-      {"attn.qkv (q, k, v views)", fmt::format("[{},{},{}]", B, N, 3 * E), BN * 3 * E * kF32},
+      {"attn.qkv (q, k, v views)", fmt::format("[{},{},{}]", B, N, W), BN * W * kF32},
       {"attn.attn (heads merged)", bne, BN * E * kF32},
       {"attn.lse", fmt::format("[{},{},{}]", B, H, N), B * H * N * kF32},
       {"attn.output", bne, BN * E * kF32},
@@ -135,7 +137,7 @@ void run_memory(const MemoryFlags& f) {
   std::vector<Item> scratch = {
       {"d_a, d_b (encoder)", fmt::format("2 x {}", bne), 2 * BN * E * kF32},
       {"attn.d_attn", bne, BN * E * kF32},
-      {"attn.d_qkv", fmt::format("[{},{},{}]", B, N, 3 * E), BN * 3 * E * kF32},
+      {"attn.d_qkv", fmt::format("[{},{},{}]", B, N, W), BN * W * kF32},
       {"ffn.d_hidden", fmt::format("[{},{}]", BN, F), BN * F * kF32},
       {"d_hidden (model)", bne, BN * E * kF32},
   };
@@ -203,6 +205,7 @@ void register_memory(CLI::App& app) {
   add_int("--layers", f->train.layers, "encoder layers L (default 4)");
   add_int("--d-model", f->train.d_model, "model width E (default 128)");
   add_int("--heads", f->train.heads, "attention heads H (default 4)");
+  add_int("--kv-heads", f->train.kv_heads, "key/value heads (grouped-query attention; default: H)");
   add_int("--d-ff", f->train.d_ff, "feed-forward width F (default 512)");
   cmd->add_option("--vocab", f->vocab, "vocabulary size V (default 256, bytes)")->check(integer_in(1, kMaxVocab));
   add_int("--seq-len", f->train.seq_len, "sequence length T = N (default 128)");

@@ -29,7 +29,7 @@ extern "C" void on_interrupt(int) {
 
 struct Flags {
   std::string task = "lm", out, init, data, schedule, precision;
-  int64_t steps = 0, batch_size = 0, seq_len = 0, layers = 0, heads = 0, d_model = 0, d_ff = 0, warmup = 0, accum = 0,
+  int64_t steps = 0, batch_size = 0, seq_len = 0, layers = 0, heads = 0, kv_heads = 0, d_model = 0, d_ff = 0, warmup = 0, accum = 0,
           eval_interval = 0, eval_windows = 0, checkpoint_interval = 0, keep = 0, log_interval = 0, stop_at = 0,
           sample_tokens = 0;
   float dropout = 0, clip = 0;
@@ -56,6 +56,7 @@ TrainConfig apply_flags(const Flags& f, TrainConfig c) {
   set_if(f, "--seq-len", f.seq_len, c.seq_len);
   set_if(f, "--layers", f.layers, c.layers);
   set_if(f, "--heads", f.heads, c.heads);
+  set_if(f, "--kv-heads", f.kv_heads, c.kv_heads);
   set_if(f, "--d-model", f.d_model, c.d_model);
   set_if(f, "--d-ff", f.d_ff, c.d_ff);
   set_if(f, "--dropout", f.dropout, c.dropout);
@@ -108,9 +109,11 @@ void print_header(const TrainConfig& c, const TrainStart& start) {
   if (start.replaced_earlier_run)
     std::printf("note: %s held an earlier run; its checkpoints are replaced (use --resume to continue one)\n",
                 c.out_dir.c_str());
-  std::printf("cabm train --task %s: %lld layers, d_model %lld, %lld heads, d_ff %lld: %s parameters\n",
+  const std::string kv =
+      c.kv_heads != 0 && c.kv_heads != c.heads ? fmt::format(" ({} key/value)", c.kv_heads) : std::string();
+  std::printf("cabm train --task %s: %lld layers, d_model %lld, %lld heads%s, d_ff %lld: %s parameters\n",
               task_name(c.task).c_str(), static_cast<long long>(c.layers), static_cast<long long>(c.d_model),
-              static_cast<long long>(c.heads), static_cast<long long>(c.d_ff),
+              static_cast<long long>(c.heads), kv.c_str(), static_cast<long long>(c.d_ff),
               format_count(static_cast<double>(start.parameters)).c_str());
   std::printf("%s\n", data_line(c, start).c_str());
   std::printf(
@@ -216,6 +219,9 @@ void register_train(CLI::App& app) {
   add_int("--accum", f->accum, "micro-batches accumulated per optimizer step (default 1)");
   add_int("--layers", f->layers, "encoder layers (default: lm 4, langid 2)");
   add_int("--heads", f->heads, "attention heads (default 4)");
+  add_int("--kv-heads", f->kv_heads,
+          "key/value heads for grouped-query attention (must divide --heads; default: as many as --heads; 1 = "
+          "multi-query); the KV cache of generation shrinks by heads/kv-heads");
   add_int("--d-model", f->d_model, "model width E (default: lm 128, langid 64)");
   add_int("--d-ff", f->d_ff, "feed-forward width F (default: lm 512, langid 256)");
   add_real("--dropout", f->dropout, "dropout probability (default: lm 0, langid 0.1)");

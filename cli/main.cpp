@@ -65,6 +65,7 @@ int main(int argc, char** argv) {
   cabm::cli::register_eval(app);
   cabm::cli::register_bench(app);
   cabm::cli::register_bench_model(app);
+  cabm::cli::register_bench_decode(app);
   cabm::cli::register_memory(app);
   cabm::cli::register_tokenize(app);
   cabm::cli::register_embed(app);

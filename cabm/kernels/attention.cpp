@@ -81,6 +81,7 @@ void sink_gradient(const AttentionSaved& saved, const Tensor& dout, const Tensor
 }  // namespace
 
 AttentionKernel attention_forward_kernel(const Tensor& q, const Tensor& k, const AttentionOptions& options) {
+  if (attention_decode_supports(q, k, options)) return AttentionKernel::kDecode;
   if (!tiled_supports(q, k, options, false)) return AttentionKernel::kReference;
   return q.dtype() == DType::BF16 ? AttentionKernel::kFlashBf16 : AttentionKernel::kFlash;
 }
@@ -108,7 +109,8 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
     own_lse = Tensor::empty({q.size(0), q.size(2), q.size(1)});
     kernel_lse = &own_lse;
   }
-  if (kernel == AttentionKernel::kFlashBf16) attention_flash_bf16_forward(q, k, v, options, out, kernel_lse);
+  if (kernel == AttentionKernel::kDecode) attention_decode_forward(q, k, v, options, out, kernel_lse);
+  else if (kernel == AttentionKernel::kFlashBf16) attention_flash_bf16_forward(q, k, v, options, out, kernel_lse);
   else attention_flash_forward(q, k, v, options, out, kernel_lse);
   if (options.sinks.defined()) fold_sinks(options.sinks, out, *kernel_lse);
 }
@@ -121,6 +123,7 @@ void attention_backward(const AttentionSaved& saved, const Tensor& dout, const A
       attention_flash_bf16_backward(saved, dout, options, grads);
       break;
     case AttentionKernel::kFlash: attention_flash_backward(saved, dout, options, grads); break;
+    case AttentionKernel::kDecode:  // never chosen for a backward
     case AttentionKernel::kReference: {
       const AttentionSaved wide{widened(saved.q), widened(saved.k), widened(saved.v), saved.out, saved.lse};
       return attention_reference_backward(wide, dout, options, grads);

@@ -9,6 +9,9 @@
 //                       BF16 q, k, v → attention_flash_bf16_forward (mixed precision: bf16
 //                       products, fp32 accumulation and output), whose ISA path is chosen at run
 //                       time (attention_flash_bf16_path()).
+//                       A few query rows per head (N <= kDecodeMaxQueryRows: decoding) with
+//                       causal/window/padding masks and no dropout → attention_decode_forward
+//                       (split keys, each K/V row read once per GQA group; attention_decode.h).
 //   attention_backward  F32 saved tensors: attention_flash_backward when saved.lse is defined,
 //                       else attention_reference_backward (which recomputes the softmax rows);
 //                       BF16 saved q, k, v: attention_flash_bf16_backward (lse required).
@@ -23,12 +26,13 @@
 // directly: the weights are the N×M matrix the fast path exists to avoid.
 #pragma once
 
+#include "cabm/kernels/attention_decode.h"
 #include "cabm/kernels/attention_flash.h"
 #include "cabm/kernels/attention_reference.h"
 
 namespace cabm {
 
-enum class AttentionKernel { kFlash, kFlashBf16, kReference };
+enum class AttentionKernel { kFlash, kFlashBf16, kDecode, kReference };
 
 // Which kernel attention_forward / attention_backward would run for these operands.
 AttentionKernel attention_forward_kernel(const Tensor& q, const Tensor& k, const AttentionOptions& options);

@@ -89,7 +89,8 @@ void decode_reset(const CausalLM& model, int64_t B, int64_t capacity, DecodeStat
   state.kv.resize(model.encoder.layers.size());
   // A bf16 model keeps its keys and values in bf16 (half the memory; attention in bf16).
   const DType dtype = model.head.weight_bf16.defined() ? DType::BF16 : DType::F32;
-  for (KVCache& kv : state.kv) kv_cache_reset(kv, B, capacity, model.config.d_model, dtype);
+  for (size_t l = 0; l < state.kv.size(); ++l)
+    kv_cache_reset(state.kv[l], B, capacity, model.encoder.layers[l].self_attn.kv_dim(), dtype);
 }
 
 const Tensor& causal_lm_decode(const CausalLM& model, const Tensor& tokens, DecodeState& state) {

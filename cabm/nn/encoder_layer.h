@@ -24,6 +24,7 @@ struct EncoderLayerConfig {
   float layer_norm_eps = 1e-5f;
   bool norm_first = false;
   bool bias = true;
+  int64_t num_kv_heads = 0;     // Hkv (grouped-query attention, multi_head_attention.h); 0 = H
 };
 
 struct EncoderLayer {

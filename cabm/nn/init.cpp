@@ -30,11 +30,11 @@ void init_parameters(LayerNorm& norm, Rng&) {
 void init_parameters(MultiHeadAttention& mha, Rng& rng) {
   const int64_t E = mha.embed_dim();
   if (mha.packed()) {
-    // xavier_uniform_ on [3E, E]: fan_in = E, fan_out = 3E.
-    fill_uniform(mha.in_proj_weight, std::sqrt(6.0f / static_cast<float>(E + 3 * E)), rng);
+    // xavier_uniform_ on [3E, E] (with GQA [E + 2Ekv, E]): fan_in = E, fan_out = the rows.
+    fill_uniform(mha.in_proj_weight, std::sqrt(6.0f / static_cast<float>(E + mha.qkv_dim())), rng);
   } else {
     for (Linear* p : {&mha.q_proj, &mha.k_proj, &mha.v_proj})
-      fill_uniform(p->weight, std::sqrt(6.0f / static_cast<float>(E + p->in_features())), rng);
+      fill_uniform(p->weight, std::sqrt(6.0f / static_cast<float>(p->out_features() + p->in_features())), rng);
   }
   if (mha.in_proj_bias.defined()) mha.in_proj_bias.fill(0.0f);
   init_parameters(mha.out_proj, rng);

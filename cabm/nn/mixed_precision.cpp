@@ -36,10 +36,12 @@ void set_precision(MultiHeadAttention& mha, Precision precision) {
     return;
   }
   if (mha.packed() && !mha.in_proj_weight_bf16.defined()) {
-    // One [3E, E] copy whose row slices serve the three projections, like the fp32 weight.
-    const int64_t E = mha.embed_dim();
+    // One [E + 2Ekv, E] copy whose row slices serve the three projections, like the fp32 weight.
+    const int64_t E = mha.embed_dim(), Ekv = mha.kv_dim();
+    const int64_t offsets[3] = {0, E, E + Ekv}, rows[3] = {E, Ekv, Ekv};
     mha.in_proj_weight_bf16 = Tensor::empty(mha.in_proj_weight.shape(), DType::BF16);
-    for (int64_t p = 0; p < 3; ++p) projections[p]->weight_bf16 = mha.in_proj_weight_bf16.narrow(0, p * E, E);
+    for (int64_t p = 0; p < 3; ++p)
+      projections[p]->weight_bf16 = mha.in_proj_weight_bf16.narrow(0, offsets[p], rows[p]);
   }
   for (Linear* p : projections) set_precision(*p, precision);  // unpacked: own copies; all: filled
   set_precision(mha.out_proj, precision);

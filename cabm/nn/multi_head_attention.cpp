@@ -16,17 +16,24 @@ MultiHeadAttention make_multi_head_attention(MultiHeadAttentionConfig config) {
                             E, H, config.kdim, config.vdim));
   if (E % H != 0)
     throw Error(fmt::format("MultiheadAttention: embed_dim {} is not divisible by num_heads {}", E, H));
+  if (config.num_kv_heads == 0) config.num_kv_heads = H;
+  if (config.num_kv_heads < 0 || H % config.num_kv_heads != 0)
+    throw Error(fmt::format("MultiheadAttention: num_heads {} is not a multiple of num_kv_heads {}", H,
+                            config.num_kv_heads));
   MultiHeadAttention mha;
   mha.config = config;
+  const int64_t Ekv = mha.kv_dim(), rows = mha.qkv_dim();
   // PyTorch keeps one in_proj_bias [3E] even when the weights are separate.
-  if (config.bias) mha.in_proj_bias = Tensor::zeros({3 * E});
+  if (config.bias) mha.in_proj_bias = Tensor::zeros({rows});
   const bool packed = config.kdim == E && config.vdim == E;
-  if (packed) mha.in_proj_weight = Tensor::zeros({3 * E, E});
+  if (packed) mha.in_proj_weight = Tensor::zeros({rows, E});
   Linear* projections[3] = {&mha.q_proj, &mha.k_proj, &mha.v_proj};
   const int64_t widths[3] = {E, config.kdim, config.vdim};
+  const int64_t offsets[3] = {0, E, E + Ekv}, outputs[3] = {E, Ekv, Ekv};
   for (int64_t p = 0; p < 3; ++p) {
-    projections[p]->weight = packed ? mha.in_proj_weight.narrow(0, p * E, E) : Tensor::zeros({E, widths[p]});
-    if (config.bias) projections[p]->bias = mha.in_proj_bias.narrow(0, p * E, E);
+    projections[p]->weight = packed ? mha.in_proj_weight.narrow(0, offsets[p], outputs[p])
+                                    : Tensor::zeros({outputs[p], widths[p]});
+    if (config.bias) projections[p]->bias = mha.in_proj_bias.narrow(0, offsets[p], outputs[p]);
   }
   mha.out_proj = make_linear(E, E, config.bias);
   return mha;
@@ -74,22 +81,29 @@ Tensor head_rows(const Tensor& heads) {
   return heads.view({heads.size(0) * heads.size(1), heads.size(2) * heads.size(3)});
 }
 
+// Q, K, V head views of a packed [B, L, E + 2Ekv] buffer.
+void split_qkv(const MultiHeadAttention& mha, const Tensor& qkv, int64_t B, int64_t L, Tensor& q, Tensor& k,
+               Tensor& v) {
+  const int64_t E = mha.embed_dim(), Ekv = mha.kv_dim(), W = mha.qkv_dim(), d = mha.head_dim();
+  q = split_heads(qkv, 0, B, L, mha.num_heads(), d, W);
+  k = split_heads(qkv, E, B, L, mha.num_kv_heads(), d, W);
+  v = split_heads(qkv, E + Ekv, B, L, mha.num_kv_heads(), d, W);
+}
+
 // Mixed precision: cache.q_bf16/k_bf16/v_bf16 = bf16(cache.q/k/v).
-void round_heads(MultiHeadAttentionCache& cache, int64_t B, int64_t H, int64_t d) {
-  const int64_t N = cache.q.size(1), M = cache.k.size(1), E = H * d;
+void round_heads(const MultiHeadAttention& mha, MultiHeadAttentionCache& cache, int64_t B) {
+  const int64_t N = cache.q.size(1), M = cache.k.size(1), d = mha.head_dim();
   if (cache.self_attention) {
-    ensure_shape(cache.qkv_bf16, {B, N, 3 * E}, DType::BF16);
+    ensure_shape(cache.qkv_bf16, {B, N, mha.qkv_dim()}, DType::BF16);
     round_to_bf16(as_rows(cache.qkv), as_rows(cache.qkv_bf16));
-    cache.q_bf16 = split_heads(cache.qkv_bf16, 0, B, N, H, d, 3 * E);
-    cache.k_bf16 = split_heads(cache.qkv_bf16, E, B, N, H, d, 3 * E);
-    cache.v_bf16 = split_heads(cache.qkv_bf16, 2 * E, B, N, H, d, 3 * E);
+    split_qkv(mha, cache.qkv_bf16, B, N, cache.q_bf16, cache.k_bf16, cache.v_bf16);
     return;
   }
   const Tensor* heads[3] = {&cache.q, &cache.k, &cache.v};
   Tensor* rounded[3] = {&cache.q_bf16, &cache.k_bf16, &cache.v_bf16};
-  const int64_t lengths[3] = {N, M, M};
+  const int64_t lengths[3] = {N, M, M}, head_counts[3] = {mha.num_heads(), mha.num_kv_heads(), mha.num_kv_heads()};
   for (int p = 0; p < 3; ++p) {
-    ensure_own(*rounded[p], {B, lengths[p], H, d}, DType::BF16, cache.qkv_bf16);
+    ensure_own(*rounded[p], {B, lengths[p], head_counts[p], d}, DType::BF16, cache.qkv_bf16);
     round_to_bf16(head_rows(*heads[p]), head_rows(*rounded[p]));
   }
 }
@@ -112,27 +126,27 @@ const Tensor& multi_head_attention_forward(const MultiHeadAttention& mha, const 
   check_inputs(mha, in);
   const int64_t B = in.query.size(0), N = in.query.size(1), M = in.key.size(1);
   const int64_t E = mha.embed_dim(), H = mha.num_heads(), d = mha.head_dim();
+  const int64_t head_counts[3] = {H, mha.num_kv_heads(), mha.num_kv_heads()};
 
   cache.self_attention = mha.packed() && is_self_attention(in);
   if (cache.self_attention) {
-    // One GEMM for Q, K and V: [B·N, E] × [E, 3E].
-    ensure_shape(cache.qkv, {B, N, 3 * E});
+    // One GEMM for Q, K and V: [B·N, E] × [E, E + 2Ekv].
+    ensure_shape(cache.qkv, {B, N, mha.qkv_dim()});
     const Linear fused{mha.in_proj_weight, mha.in_proj_bias, mha.in_proj_weight_bf16};
     linear_forward(fused, as_rows(in.query.contiguous()), as_rows(cache.qkv));
-    cache.q = split_heads(cache.qkv, 0, B, N, H, d, 3 * E);
-    cache.k = split_heads(cache.qkv, E, B, N, H, d, 3 * E);
-    cache.v = split_heads(cache.qkv, 2 * E, B, N, H, d, 3 * E);
+    split_qkv(mha, cache.qkv, B, N, cache.q, cache.k, cache.v);
   } else {
     const Linear* projections[3] = {&mha.q_proj, &mha.k_proj, &mha.v_proj};
     const Tensor* inputs[3] = {&in.query, &in.key, &in.value};
     Tensor* heads[3] = {&cache.q, &cache.k, &cache.v};
     for (int p = 0; p < 3; ++p) {
       const int64_t L = inputs[p]->size(1);
-      // Own contiguous [B, L, E] buffers; reallocated only when the shape changes.
-      if (!heads[p]->defined() || heads[p]->shape() != Shape{B, L, H, d} || !heads[p]->is_contiguous() ||
+      const Shape shape{B, L, head_counts[p], d};
+      // Own contiguous [B, L, E or Ekv] buffers; reallocated only when the shape changes.
+      if (!heads[p]->defined() || heads[p]->shape() != shape || !heads[p]->is_contiguous() ||
           heads[p]->shares_storage(cache.qkv))
-        *heads[p] = Tensor::empty({B, L, H, d});
-      linear_forward(*projections[p], as_rows(inputs[p]->contiguous()), heads[p]->view({B * L, E}));
+        *heads[p] = Tensor::empty(shape);
+      linear_forward(*projections[p], as_rows(inputs[p]->contiguous()), heads[p]->view({B * L, head_counts[p] * d}));
     }
   }
 
@@ -144,7 +158,7 @@ const Tensor& multi_head_attention_forward(const MultiHeadAttention& mha, const 
   cache.options.dropout_seed = in.dropout_seed;
   cache.options.dropout_offset = in.dropout_offset;
   const Tensor attn_heads = cache.attn.view({B, N, H, d});
-  if (mha.bf16()) round_heads(cache, B, H, d);
+  if (mha.bf16()) round_heads(mha, cache, B);
   cache.bf16_kernel = mha.bf16() && !in.need_weights;
   if (in.need_weights) {
     if (mha.bf16()) widen_heads(cache);  // the weights from the fp32 reference on bf16-rounded Q, K, V
@@ -194,7 +208,8 @@ void multi_head_attention_backward(const MultiHeadAttention& mha, const Attentio
   CABM_CHECK(dout.shape() == (Shape{B, N, E}) && dout.is_contiguous(), "MultiheadAttention: dout {} must be [{}, {}, {}]",
              shape_str(dout.shape()), B, N, E);
   CABM_CHECK(grads.config.embed_dim == E && grads.packed() == mha.packed() &&
-                 grads.config.kdim == mha.config.kdim && grads.config.vdim == mha.config.vdim,
+                 grads.config.kdim == mha.config.kdim && grads.config.vdim == mha.config.vdim &&
+                 grads.num_kv_heads() == mha.num_kv_heads(),
              "MultiheadAttention gradients must come from a module of the same configuration");
   auto check_grad = [](const Tensor& g, const Tensor& x, const char* name) {
     if (g.defined() && (g.shape() != x.shape() || !g.is_contiguous()))
@@ -209,17 +224,16 @@ void multi_head_attention_backward(const MultiHeadAttention& mha, const Attentio
   ensure_shape(cache.d_attn, {B, N, E});
   linear_backward(mha.out_proj, as_rows(cache.attn), as_rows(dout), as_rows(cache.d_attn), grads.out_proj);
 
-  // Attention: dQ, dK, dV (head views of [B, *, E] buffers).
+  // Attention: dQ, dK, dV (head views of [B, *, E or Ekv] buffers).
+  const int64_t head_counts[3] = {H, mha.num_kv_heads(), mha.num_kv_heads()};
   if (cache.self_attention) {
-    ensure_shape(cache.d_qkv, {B, N, 3 * E});
-    cache.d_q = split_heads(cache.d_qkv, 0, B, N, H, d, 3 * E);
-    cache.d_k = split_heads(cache.d_qkv, E, B, N, H, d, 3 * E);
-    cache.d_v = split_heads(cache.d_qkv, 2 * E, B, N, H, d, 3 * E);
+    ensure_shape(cache.d_qkv, {B, N, mha.qkv_dim()});
+    split_qkv(mha, cache.d_qkv, B, N, cache.d_q, cache.d_k, cache.d_v);
   } else {
     Tensor* heads[3] = {&cache.d_q, &cache.d_k, &cache.d_v};
     const int64_t lengths[3] = {N, M, M};
     for (int p = 0; p < 3; ++p) {
-      const Shape shape{B, lengths[p], H, d};
+      const Shape shape{B, lengths[p], head_counts[p], d};
       if (!heads[p]->defined() || heads[p]->shape() != shape || !heads[p]->is_contiguous() ||
           heads[p]->shares_storage(cache.d_qkv))
         *heads[p] = Tensor::empty(shape);
@@ -246,9 +260,10 @@ void multi_head_attention_backward(const MultiHeadAttention& mha, const Attentio
     return;
   }
   auto d_rows = [&](int p, int64_t L) -> Tensor {
-    if (cache.self_attention) return cache.d_qkv.as_strided({B * L, E}, {3 * E, 1}, p * E);
+    const int64_t width = head_counts[p] * d, offsets[3] = {0, E, E + mha.kv_dim()};
+    if (cache.self_attention) return cache.d_qkv.as_strided({B * L, width}, {mha.qkv_dim(), 1}, offsets[p]);
     const Tensor* heads[3] = {&cache.d_q, &cache.d_k, &cache.d_v};
-    return heads[p]->view({B * L, E});
+    return heads[p]->view({B * L, width});
   };
   const Linear* projections[3] = {&mha.q_proj, &mha.k_proj, &mha.v_proj};
   Linear* projection_grads[3] = {&grads.q_proj, &grads.k_proj, &grads.v_proj};
@@ -263,23 +278,24 @@ void multi_head_attention_backward(const MultiHeadAttention& mha, const Attentio
   }
 }
 
-void kv_cache_reset(KVCache& kv, int64_t B, int64_t capacity, int64_t E, DType dtype) {
-  CABM_CHECK(B > 0 && capacity > 0 && E > 0, "KV cache sizes must be positive (B={}, capacity={}, E={})", B, capacity,
-             E);
+void kv_cache_reset(KVCache& kv, int64_t B, int64_t capacity, int64_t kv_dim, DType dtype) {
+  CABM_CHECK(B > 0 && capacity > 0 && kv_dim > 0, "KV cache sizes must be positive (B={}, capacity={}, Ekv={})", B,
+             capacity, kv_dim);
   CABM_CHECK(dtype == DType::F32 || dtype == DType::BF16, "KV cache dtype must be F32 or BF16");
-  ensure_shape(kv.k, {B, capacity, E}, dtype);
-  ensure_shape(kv.v, {B, capacity, E}, dtype);
+  ensure_shape(kv.k, {B, capacity, kv_dim}, dtype);
+  ensure_shape(kv.v, {B, capacity, kv_dim}, dtype);
   kv.length = 0;
 }
 
 const Tensor& multi_head_attention_decode(const MultiHeadAttention& mha, const Tensor& x, KVCache& kv,
                                           MultiHeadAttentionCache& cache) {
   const int64_t E = mha.embed_dim(), H = mha.num_heads(), d = mha.head_dim();
+  const int64_t Hkv = mha.num_kv_heads(), Ekv = mha.kv_dim();
   CABM_CHECK(mha.config.kdim == E && mha.config.vdim == E, "decoding needs self-attention (kdim = vdim = E)");
   CABM_CHECK(x.dim() == 3 && x.size(2) == E && x.is_contiguous(), "decode input {} must be contiguous [B, n, {}]",
              shape_str(x.shape()), E);
   const int64_t B = x.size(0), n = x.size(1), cap = kv.capacity();
-  CABM_CHECK(kv.k.defined() && kv.k.size(0) == B && kv.k.size(2) == E, "KV cache {} does not fit input {}",
+  CABM_CHECK(kv.k.defined() && kv.k.size(0) == B && kv.k.size(2) == Ekv, "KV cache {} does not fit input {}",
              shape_str(kv.k.shape()), shape_str(x.shape()));
   if (kv.length + n > cap)
     throw Error(fmt::format("KV cache full: {} positions + {} new exceed its capacity {}", kv.length, n, cap));
@@ -292,8 +308,8 @@ const Tensor& multi_head_attention_decode(const MultiHeadAttention& mha, const T
   const bool bf16_kv = kv.k.dtype() == DType::BF16;
   if (bf16_kv) {
     // K, V of the new positions in fp32 scratch (one GEMM each), rounded into the cache rows.
-    ensure_own(cache.k, {B, n, H, d}, DType::F32, cache.qkv);
-    ensure_own(cache.v, {B, n, H, d}, DType::F32, cache.qkv);
+    ensure_own(cache.k, {B, n, Hkv, d}, DType::F32, cache.qkv);
+    ensure_own(cache.v, {B, n, Hkv, d}, DType::F32, cache.qkv);
     linear_forward(mha.k_proj, as_rows(x), head_rows(cache.k));
     linear_forward(mha.v_proj, as_rows(x), head_rows(cache.v));
     for (int64_t b = 0; b < B; ++b) {
@@ -310,8 +326,8 @@ const Tensor& multi_head_attention_decode(const MultiHeadAttention& mha, const T
     }
   }
   const int64_t L = kv.length + n;
-  const Tensor k = kv.k.as_strided({B, L, H, d}, {cap * E, E, d, 1});
-  const Tensor v = kv.v.as_strided({B, L, H, d}, {cap * E, E, d, 1});
+  const Tensor k = kv.k.as_strided({B, L, Hkv, d}, {cap * Ekv, Ekv, d, 1});
+  const Tensor v = kv.v.as_strided({B, L, Hkv, d}, {cap * Ekv, Ekv, d, 1});
 
   ensure_shape(cache.attn, {B, n, E});
   AttentionOptions options;

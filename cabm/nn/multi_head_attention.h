@@ -6,6 +6,12 @@
 // When kdim == vdim == E the three input projections are rows of one packed
 // in_proj_weight [3E, E], as PyTorch stores them, and self-attention runs them as one GEMM.
 //
+// Grouped-query attention (GQA, Ainslie et al. 2023; MQA, Shazeer 2019) with num_kv_heads
+// Hkv < H: K and V have Hkv heads of the same d (Ekv = Hkv·d columns), query head h reads
+// key/value head h / (H / Hkv) inside the attention kernel (no repeated copies), and the
+// packed in_proj_weight is [E + 2·Ekv, E] (rows: W_Q, W_K, W_V). The KV cache of decoding holds
+// Hkv heads: H / Hkv times less memory. Hkv = H (the default) is PyTorch's module exactly.
+//
 // Mixed precision (cabm/nn/mixed_precision.h): when the module holds bf16 weight copies (bf16()),
 // the four projections run on bf16 operands (cabm/nn/linear.h), Q, K and V are rounded to bf16 and
 // attention runs in attention_flash_bf16_forward / _backward (fp32 softmax statistics and
@@ -28,13 +34,14 @@ struct MultiHeadAttentionConfig {
   int64_t kdim = 0;       // key input width; 0 means E
   int64_t vdim = 0;       // value input width; 0 means E
   bool bias = true;
+  int64_t num_kv_heads = 0;  // Hkv; must divide H; 0 means H
 };
 
 struct MultiHeadAttention {
   MultiHeadAttentionConfig config;  // kdim and vdim resolved (never 0)
-  Tensor in_proj_weight;            // [3E, E] when packed (kdim == vdim == E); else undefined
-  Tensor in_proj_bias;              // [3E] when bias (packed or not); q/k/v biases are its slices
-  Linear q_proj, k_proj, v_proj;    // views into the packed tensors, or separate [E, kdim/vdim]
+  Tensor in_proj_weight;            // [E + 2Ekv, E] when packed (kdim == vdim == E); else undefined
+  Tensor in_proj_bias;              // [E + 2Ekv] when bias (packed or not); q/k/v biases are its slices
+  Linear q_proj, k_proj, v_proj;    // views into the packed tensors, or separate [E or Ekv, kdim/vdim]
   Linear out_proj;
   // Mixed precision: BF16 [3E, E] copy of in_proj_weight when packed (q/k/v_proj.weight_bf16
   // are its row slices); undefined otherwise.
@@ -44,10 +51,13 @@ struct MultiHeadAttention {
   int64_t embed_dim() const { return config.embed_dim; }
   int64_t num_heads() const { return config.num_heads; }
   int64_t head_dim() const { return config.embed_dim / config.num_heads; }
+  int64_t num_kv_heads() const { return config.num_kv_heads; }
+  int64_t kv_dim() const { return config.num_kv_heads * head_dim(); }  // Ekv
+  int64_t qkv_dim() const { return config.embed_dim + 2 * kv_dim(); }   // rows of in_proj_weight
   bool packed() const { return in_proj_weight.defined(); }
 };
 
-// Validates the configuration (E divisible by H, positive sizes) with a clear error.
+// Validates the configuration (E divisible by H, H by Hkv, positive sizes) with a clear error.
 MultiHeadAttention make_multi_head_attention(MultiHeadAttentionConfig config);
 
 struct AttentionInputs {
@@ -65,8 +75,8 @@ struct AttentionInputs {
 
 // Activations of one call, kept for the backward pass and reused across calls of one shape.
 struct MultiHeadAttentionCache {
-  Tensor qkv;      // [B, N, 3E] packed self-attention projections, or undefined
-  Tensor q, k, v;  // [B, N, H, d], [B, M, H, d], [B, M, H, d] (views into qkv or own buffers)
+  Tensor qkv;      // [B, N, E + 2Ekv] packed self-attention projections, or undefined
+  Tensor q, k, v;  // [B, N, H, d], [B, M, Hkv, d], [B, M, Hkv, d] (views into qkv or own buffers)
   Tensor attn;     // [B, N, E]: heads merged, input of out_proj
   Tensor lse;      // [B, H, N]: log-sum-exp of each score row (for the backward pass)
   Tensor weights;  // [B, H, N, M] when need_weights
@@ -76,13 +86,13 @@ struct MultiHeadAttentionCache {
   bool self_attention = false;  // the last forward ran the packed self-attention GEMM
   // Mixed precision: Q, K, V rounded to bf16 (head views of qkv_bf16, or own buffers), saved for
   // the bf16 backward; bf16_kernel says the last forward ran attention_flash_bf16_forward.
-  Tensor qkv_bf16;                // BF16 [B, N, 3E] (self-attention)
-  Tensor q_bf16, k_bf16, v_bf16;  // BF16 [B, N, H, d], [B, M, H, d], [B, M, H, d]
+  Tensor qkv_bf16;                // BF16 [B, N, E + 2Ekv] (self-attention)
+  Tensor q_bf16, k_bf16, v_bf16;  // BF16 [B, N, H, d], [B, M, Hkv, d], [B, M, Hkv, d]
   bool bf16_kernel = false;
   // Backward scratch.
   Tensor d_attn;              // [B, N, E]
-  Tensor d_qkv;               // [B, N, 3E] (self-attention) — or d_q, d_k, d_v:
-  Tensor d_q, d_k, d_v;       // [B, N, H, d], [B, M, H, d], [B, M, H, d] views
+  Tensor d_qkv;               // [B, N, E + 2Ekv] (self-attention) — or d_q, d_k, d_v:
+  Tensor d_q, d_k, d_v;       // [B, N, H, d], [B, M, Hkv, d], [B, M, Hkv, d] views
 };
 
 // Returns cache.output; the requested weights are in cache.averaged_weights or cache.weights.
@@ -109,12 +119,13 @@ void multi_head_attention_backward(const MultiHeadAttention& mha, const Attentio
 
 // Keys and values of the positions seen so far, for incremental decoding (one per layer).
 struct KVCache {
-  Tensor k, v;         // F32 or BF16 [B, capacity, E]; heads are [B, capacity, H, d] views
+  Tensor k, v;         // F32 or BF16 [B, capacity, Ekv]; heads are [B, capacity, Hkv, d] views
   int64_t length = 0;  // positions filled
   int64_t capacity() const { return k.defined() ? k.size(1) : 0; }
 };
 // Allocates once per shape and dtype (F32, or BF16: half the memory, attention in bf16).
-void kv_cache_reset(KVCache& kv, int64_t B, int64_t capacity, int64_t E, DType dtype = DType::F32);
+// kv_dim: the module's kv_dim() (E without GQA).
+void kv_cache_reset(KVCache& kv, int64_t B, int64_t capacity, int64_t kv_dim, DType dtype = DType::F32);
 
 // Incremental self-attention: x [B, n, E] holds the inputs of the n new positions
 // length .. length+n−1. Appends their K, V to the cache, attends from the n queries to all

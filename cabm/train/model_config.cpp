@@ -37,6 +37,7 @@ Metadata encoder_metadata(const ModelConfig& c) {
           {"max_seq_len", std::to_string(c.max_seq_len)},
           {"d_model", std::to_string(c.d_model)},
           {"nhead", std::to_string(c.nhead)},
+          {"num_kv_heads", std::to_string(c.num_kv_heads == 0 ? c.nhead : c.num_kv_heads)},
           {"num_layers", std::to_string(c.num_layers)},
           {"dim_feedforward", std::to_string(c.dim_feedforward)},
           {"dropout", float_str(c.dropout)},
@@ -97,6 +98,8 @@ void read_encoder_metadata(const SafetensorsFile& f, ModelConfig& c) {
   c.max_seq_len = get_int(f, "max_seq_len");
   c.d_model = get_int(f, "d_model");
   c.nhead = get_int(f, "nhead");
+  // Checkpoints from before grouped-query attention have no num_kv_heads: as many as nhead.
+  c.num_kv_heads = f.find_metadata("num_kv_heads") ? get_int(f, "num_kv_heads") : c.nhead;
   c.num_layers = get_int(f, "num_layers");
   c.dim_feedforward = get_int(f, "dim_feedforward");
   c.dropout = get_float(f, "dropout", {0, 1, false, true});
@@ -128,6 +131,10 @@ void check_encoder_against_file(const SafetensorsFile& f, const ModelConfig& c) 
   const int64_t E = c.d_model, F = c.dim_feedforward;
   if (E % c.nhead != 0)
     throw Error(fmt::format("{}: metadata 'nhead' is {}, which does not divide d_model {}", f.path, c.nhead, E));
+  if (c.nhead % c.num_kv_heads != 0)
+    throw Error(fmt::format("{}: metadata 'num_kv_heads' is {}, which does not divide nhead {}", f.path,
+                            c.num_kv_heads, c.nhead));
+  const int64_t qkv_rows = E + 2 * (E / c.nhead) * c.num_kv_heads;
   expect_shape(f, "embed.weight", {c.vocab_size, E}, fmt::format("vocab_size {}, d_model {}", c.vocab_size, E));
   if (c.positional == PositionalKind::kLearned)
     expect_shape(f, "pos_embed.weight", {c.max_seq_len, E}, fmt::format("max_seq_len {}", c.max_seq_len));
@@ -141,7 +148,8 @@ void check_encoder_against_file(const SafetensorsFile& f, const ModelConfig& c) 
                             c.num_layers, layers));
   for (int64_t l = 0; l < layers; ++l) {
     const std::string p = fmt::format("encoder.layers.{}.", l);
-    expect_shape(f, p + "self_attn.in_proj_weight", {3 * E, E}, fmt::format("d_model {}", E));
+    expect_shape(f, p + "self_attn.in_proj_weight", {qkv_rows, E},
+                 fmt::format("d_model {}, nhead {}, num_kv_heads {}", E, c.nhead, c.num_kv_heads));
     expect_shape(f, p + "linear1.weight", {F, E}, fmt::format("dim_feedforward {}, d_model {}", F, E));
   }
 }
@@ -251,7 +259,10 @@ double parameter_count(const ClassifierConfig& c) {
 
 double layer_parameter_count(const EncoderLayerConfig& c) {
   const double E = static_cast<double>(c.d_model), F = static_cast<double>(c.dim_feedforward);
-  return 4 * E * E + 4 * E + 2 * E * F + F + E + 4 * E;  // attention, feed-forward, two norms
+  // Q, K, V rows: E + 2Ekv (Ekv = E without grouped-query attention).
+  const int64_t kv_heads = c.num_kv_heads == 0 ? c.nhead : c.num_kv_heads;
+  const double W = E + 2.0 * static_cast<double>(c.nhead > 0 ? c.d_model / c.nhead * kv_heads : c.d_model);
+  return W * E + W + E * E + E + 2 * E * F + F + E + 4 * E;  // attention, feed-forward, two norms
 }
 
 }  // namespace cabm

@@ -65,6 +65,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"out", c.out_dir},
           {"layers", c.layers},
           {"heads", c.heads},
+          {"kv_heads", c.kv_heads},
           {"d_model", c.d_model},
           {"d_ff", c.d_ff},
           {"dropout", c.dropout},
@@ -103,6 +104,7 @@ const std::vector<IntSetting>& int_settings() {
   static const std::vector<IntSetting> settings = {
       {"--layers", "layers", 1, kMaxLayers, [](TrainConfig& c) -> int64_t& { return c.layers; }},
       {"--heads", "heads", 1, kMaxHeads, [](TrainConfig& c) -> int64_t& { return c.heads; }},
+      {"--kv-heads", "kv_heads", 0, kMaxHeads, [](TrainConfig& c) -> int64_t& { return c.kv_heads; }},
       {"--d-model", "d_model", 1, kMaxWidth, [](TrainConfig& c) -> int64_t& { return c.d_model; }},
       {"--d-ff", "d_ff", 1, kMaxWidth, [](TrainConfig& c) -> int64_t& { return c.d_ff; }},
       {"--steps", "steps", 1, kMaxSteps, [](TrainConfig& c) -> int64_t& { return c.steps; }},
@@ -163,8 +165,12 @@ TrainConfig train_config_from_json(const nlohmann::json& j, const std::string& w
   c.data = r.string("data");
   c.init = r.string("init");
   c.out_dir = r.string("out");
-  for (const IntSetting& s : int_settings())
-    if (std::string(s.key) != "stop_at") s.field(c) = r.integer(s.key, s.min, s.max);  // stop_at is not saved
+  for (const IntSetting& s : int_settings()) {
+    const std::string key = s.key;
+    if (key == "stop_at") continue;                   // not saved
+    if (key == "kv_heads" && !r.has(key)) continue;  // runs from before grouped-query attention
+    s.field(c) = r.integer(s.key, s.min, s.max);
+  }
   const auto real = [&](const char* key) { return r.real(key, real_setting(key).range); };
   c.dropout = static_cast<float>(real("dropout"));
   c.norm_first = r.boolean("norm_first");
@@ -198,6 +204,8 @@ void validate(const TrainConfig& config) {
     usage([&] { checked_real(s.get(c), s.range, *s.flag ? s.flag : s.key); });
   if (c.d_model % c.heads != 0)
     throw UsageError(fmt::format("--d-model ({}) must be divisible by --heads ({})", c.d_model, c.heads));
+  if (c.kv_heads != 0 && c.heads % c.kv_heads != 0)
+    throw UsageError(fmt::format("--heads ({}) must be a multiple of --kv-heads ({})", c.heads, c.kv_heads));
   if (c.batch_size * c.seq_len > kMaxBatchTokens)
     throw UsageError(fmt::format("--batch-size {} x --seq-len {} = {} tokens per micro-batch, more than the {} allowed",
                                  c.batch_size, c.seq_len, c.batch_size * c.seq_len, kMaxBatchTokens));

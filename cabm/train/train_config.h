@@ -27,6 +27,7 @@ struct TrainConfig {
   // Model.
   int64_t layers = 4;
   int64_t heads = 4;
+  int64_t kv_heads = 0;  // key/value heads (grouped-query attention); 0 = heads
   int64_t d_model = 128;
   int64_t d_ff = 512;
   float dropout = 0.0f;
@@ -119,6 +120,7 @@ ModelConfig byte_model_config(const TrainConfig& c) {
   m.max_seq_len = c.seq_len;
   m.d_model = c.d_model;
   m.nhead = c.heads;
+  m.num_kv_heads = c.kv_heads == 0 ? c.heads : c.kv_heads;
   m.num_layers = c.layers;
   m.dim_feedforward = c.d_ff;
   m.dropout = c.dropout;

@@ -229,6 +229,7 @@ void check_same_architecture(const LoadedCheckpoint& checkpoint, const TrainConf
   const std::vector<std::tuple<const char*, int64_t, const char*, int64_t>> pairs = {
       {"layers", c.layers, "num_layers", m.num_layers},
       {"heads", c.heads, "nhead", m.nhead},
+      {"kv_heads", c.kv_heads == 0 ? c.heads : c.kv_heads, "num_kv_heads", m.num_kv_heads},
       {"d_model", c.d_model, "d_model", m.d_model},
       {"d_ff", c.d_ff, "dim_feedforward", m.dim_feedforward},
       {"seq_len", c.seq_len, "max_seq_len", m.max_seq_len},
@@ -256,8 +257,9 @@ void adopt_init_architecture(const std::string& path, TrainTask task, TrainConfi
   // The flags a model file fixes (the shape that byte_model_config, cabm/train/train_config.h,
   // maps the other way), from either model config.
   const auto adopt = [&c](const auto& m) {
-    std::tie(c.layers, c.heads, c.d_model, c.d_ff, c.seq_len, c.norm_first) =
-        std::tuple(m.num_layers, m.nhead, m.d_model, m.dim_feedforward, m.max_seq_len, m.norm_first);
+    std::tie(c.layers, c.heads, c.kv_heads, c.d_model, c.d_ff, c.seq_len, c.norm_first) = std::tuple(
+        m.num_layers, m.nhead, m.num_kv_heads == m.nhead ? 0 : m.num_kv_heads, m.d_model, m.dim_feedforward,
+        m.max_seq_len, m.norm_first);
   };
   std::vector<std::string> labels;
   if (task == TrainTask::kLanguageModel && kind == "CausalLM") {

@@ -1,6 +1,7 @@
 // End to end: a tiny `cabm train` on a temporary text file, then `cabm generate`, `cabm eval`,
 // `--resume`, and the bad-input cases: every one a single clear line on stderr and a non-zero
 // exit status.
+#include "cabm/io/safetensors.h"
 #include "util/test_util.h"
 
 #include <filesystem>
@@ -77,6 +78,31 @@ TEST(CliTrain, TrainGenerateEvalResume) {
 
   // Resuming cannot change the architecture.
   expect_one_line_error(cabm("train --resume --out " + split + " --d-model 32"), "d_model");
+}
+
+// Grouped-query attention: --kv-heads reaches the model, the checkpoint (metadata and the packed
+// [E + 2Ekv, E] projection), generation, resume and --init; a bad count is a usage error.
+TEST(CliTrain, GroupedQueryAttention) {
+  const std::string out = test::temp_dir() + "/gqa";
+  const std::string flags = " --layers 1 --heads 4 --d-model 16 --d-ff 32 --seq-len 16 --batch-size 4 --warmup 2";
+  const CmdResult train = cabm("train --data " + data_file() + " --out " + out + flags +
+                               " --kv-heads 2 --steps 4 --eval-interval 0 --sample-tokens 0 --stop-at 2");
+  ASSERT_EQ(train.status, 0) << train.out << train.err;
+  EXPECT_NE(train.out.find("4 heads (2 key/value)"), std::string::npos) << train.out;
+  const SafetensorsFile model = read_safetensors(out + "/step-00000002/model.safetensors");
+  EXPECT_EQ(model.get_metadata("num_kv_heads"), "2");
+  EXPECT_EQ(model.get("encoder.layers.0.self_attn.in_proj_weight").shape(), (Shape{16 + 2 * 8, 16}));
+  EXPECT_EQ(cabm("generate --checkpoint " + out + " --tokens 10 --temperature 0").status, 0);
+  const CmdResult resumed = cabm("train --resume --out " + out);
+  ASSERT_EQ(resumed.status, 0) << resumed.err;
+  EXPECT_NE(resumed.out.find("4 heads (2 key/value)"), std::string::npos) << resumed.out;
+  // --init from the GQA checkpoint adopts its architecture.
+  const CmdResult init = cabm("train --data " + data_file() + " --out " + out + "_init --init " + out +
+                              "/step-00000004/model.safetensors --steps 1 --eval-interval 0 --sample-tokens 0");
+  EXPECT_EQ(init.status, 0) << init.err;
+  EXPECT_NE(init.out.find("(2 key/value)"), std::string::npos) << init.out;
+  expect_one_line_error(cabm("train --kv-heads 3 --out " + out + "_bad"), "--kv-heads");
+  expect_one_line_error(cabm("train --kv-heads -1 --out " + out + "_bad"), "--kv-heads");
 }
 
 TEST(CliTrain, BadInputsAreOneLine) {

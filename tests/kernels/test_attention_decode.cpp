@@ -1,0 +1,167 @@
+// The split-key decoding kernel (attention_decode.h) against the reference: GQA and MQA shapes,
+// 1 to kDecodeMaxQueryRows query rows, caches spanning many chunks (forced small chunks and the
+// default), every mask it takes (causal both ways, windows, key padding with empty items), soft-
+// capping, ALiBi with positions, sinks through the entry point, F32 and BF16 caches; results
+// bit-identical across thread counts and chunkings that keep the same chunk size.
+#include "cabm/kernels/attention.h"
+#include "cabm/kernels/attention_decode.h"
+#include "cabm/kernels/bf16.h"
+#include "util/test_util.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+namespace cabm {
+namespace {
+
+struct Case {
+  int64_t B, N, M, H, Hkv, d, dv;
+};
+
+Tensor to_bf16(const Tensor& t) {
+  Tensor r = Tensor::empty(t.shape(), DType::BF16);
+  float_to_bf16(t.data<float>(), r.data<bf16>(), t.numel());
+  return r;
+}
+Tensor widened(const Tensor& t) {
+  Tensor r = Tensor::empty(t.shape());
+  bf16_to_float(t.data<bf16>(), r.data<float>(), t.numel());
+  return r;
+}
+
+double max_abs(const Tensor& t) {
+  double m = 0;
+  for (float x : t.to_vector())
+    if (std::isfinite(x)) m = std::max(m, static_cast<double>(std::fabs(x)));
+  return m;
+}
+
+void expect_close(const Tensor& got, const Tensor& want, double rel, const std::string& what) {
+  const std::vector<float> g = got.to_vector(), w = want.to_vector();
+  const double bound = rel * std::max(1.0, max_abs(want));
+  int bad = 0;
+  for (size_t n = 0; n < w.size(); ++n) {
+    const bool ok = std::isfinite(w[n]) ? std::fabs(g[n] - w[n]) <= bound : g[n] == w[n];
+    if (!ok && bad++ < 3) ADD_FAILURE() << what << "[" << n << "] = " << g[n] << ", expected " << w[n];
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+struct OptionCase {
+  std::string name;
+  std::function<AttentionOptions(const Case&)> make;
+};
+
+std::vector<OptionCase> option_cases() {
+  return {
+      {"none", [](const Case&) { return AttentionOptions{}; }},
+      {"causal", [](const Case&) { AttentionOptions o; o.mask = Mask::causal(); return o; }},
+      {"causal_top_left", [](const Case&) { AttentionOptions o; o.mask = Mask::causal(CausalAlign::kTopLeft); return o; }},
+      {"window", [](const Case&) { AttentionOptions o; o.mask = Mask::causal() & Mask::sliding_window(700, 0); return o; }},
+      {"padding",  // the last batch item has no keys at all
+       [](const Case& c) {
+         AttentionOptions o;
+         std::vector<int64_t> lengths(static_cast<size_t>(c.B), c.M - 3);
+         lengths.back() = 0;
+         o.mask = Mask::key_padding(lengths);
+         return o;
+       }},
+      {"softcap_alibi",
+       [](const Case& c) {
+         AttentionOptions o;
+         o.mask = Mask::causal();
+         o.softcap = 3.0f;
+         o.alibi_slopes = alibi_paper_slopes(c.H);
+         return o;
+       }},
+      {"alibi_positions_scale",
+       [](const Case& c) {
+         AttentionOptions o;
+         o.alibi_slopes = alibi_paper_slopes(c.H);
+         for (int64_t i = 0; i < c.N; ++i) o.q_positions.push_back(5000 + 7 * i);
+         for (int64_t j = 0; j < c.M; ++j) o.k_positions.push_back(4000 + j);
+         o.scale = 0.3f;
+         return o;
+       }},
+      {"sinks",
+       [](const Case& c) {
+         AttentionOptions o;
+         o.mask = Mask::causal();
+         o.sinks = test::random_tensor({c.H}, 4, -1.0f, 3.0f);
+         return o;
+       }},
+  };
+}
+
+const std::vector<Case> kCases = {
+    {1, 1, 1, 4, 1, 8, 8},        {2, 1, 1500, 8, 2, 64, 64},  {1, 3, 2100, 4, 4, 32, 16},
+    {2, 8, 600, 6, 3, 40, 24},    {1, 1, 4097, 32, 8, 128, 128}, {1, 2, 37, 2, 1, 5, 7},
+};
+
+class Decode : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(Decode, MatchesReference) {
+  const OptionCase oc = option_cases()[GetParam()];
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(oc.name + " B " + std::to_string(c.B) + " N " + std::to_string(c.N) + " M " + std::to_string(c.M) +
+                 " H " + std::to_string(c.H) + "/" + std::to_string(c.Hkv) + " d " + std::to_string(c.d));
+    const AttentionOptions o = oc.make(c);
+    const Tensor q = test::random_tensor({c.B, c.N, c.H, c.d}, 1, -1.5f, 1.5f);
+    const Tensor k = test::random_tensor({c.B, c.M, c.Hkv, c.d}, 2, -1.5f, 1.5f);
+    const Tensor v = test::random_tensor({c.B, c.M, c.Hkv, c.dv}, 3);
+    Tensor want = Tensor::empty({c.B, c.N, c.H, c.dv}), want_lse = Tensor::empty({c.B, c.H, c.N});
+    attention_reference_forward(q, k, v, o, want, nullptr, &want_lse);
+    ASSERT_EQ(attention_forward_kernel(q, k, o), AttentionKernel::kDecode);
+    Tensor out = Tensor::full({c.B, c.N, c.H, c.dv}, NAN), lse = Tensor::full({c.B, c.H, c.N}, NAN);
+    attention_forward(q, k, v, o, out, &lse);  // the entry point: decode, sinks folded
+    expect_close(out, want, 2e-5, "out");
+    expect_close(lse, want_lse, 2e-5, "lse");
+
+    // Same chunk size: identical bits for 1 and 2 threads; small chunks: the same numbers.
+    if (!o.sinks.defined()) {
+      Tensor a = Tensor::empty(want.shape()), b = Tensor::empty(want.shape()), small = Tensor::empty(want.shape());
+      {
+        test::ScopedThreads one(1);
+        attention_decode_forward(q, k, v, o, a, nullptr, 256);
+      }
+      {
+        test::ScopedThreads two(2);
+        attention_decode_forward(q, k, v, o, b, nullptr, 256);
+        attention_decode_forward(q, k, v, o, small, nullptr, 7);
+      }
+      EXPECT_EQ(a.to_vector(), b.to_vector());
+      expect_close(small, want, 2e-5, "out (chunks of 7)");
+    }
+
+    // A BF16 cache (and query): the reference on the widened bf16 values; P is not rounded.
+    const Tensor q16 = to_bf16(q), k16 = to_bf16(k), v16 = to_bf16(v);
+    attention_reference_forward(widened(q16), widened(k16), widened(v16), o, want, nullptr, &want_lse);
+    attention_forward(q16, k16, v16, o, out, &lse);
+    expect_close(out, want, 2e-5, "out (bf16)");
+    expect_close(lse, want_lse, 2e-5, "lse (bf16)");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, Decode, ::testing::Range<size_t>(0, option_cases().size()),
+                         [](const auto& info) { return option_cases()[info.param].name; });
+
+TEST(DecodeDispatch, OnlyFewRowsWithoutDropoutOrTensorMasks) {
+  const Tensor q1 = Tensor::zeros({1, 1, 4, 8}), q9 = Tensor::zeros({1, kDecodeMaxQueryRows + 1, 4, 8});
+  const Tensor k = Tensor::zeros({1, 16, 2, 8});
+  AttentionOptions o;
+  EXPECT_EQ(attention_forward_kernel(q1, k, o), AttentionKernel::kDecode);
+  EXPECT_NE(attention_forward_kernel(q9, k, o), AttentionKernel::kDecode);
+  o.dropout = 0.1f;
+  EXPECT_NE(attention_forward_kernel(q1, k, o), AttentionKernel::kDecode);
+  o = {};
+  o.mask = Mask::additive(Tensor::zeros({1, 16}));
+  EXPECT_NE(attention_forward_kernel(q1, k, o), AttentionKernel::kDecode);
+  Tensor blocks = Tensor::empty({1, 1, 4}, DType::BOOL);
+  std::fill_n(blocks.data<uint8_t>(), 4, uint8_t{1});
+  o.mask = Mask::block_sparse({1, 4, blocks});
+  EXPECT_NE(attention_forward_kernel(q1, k, o), AttentionKernel::kDecode);
+}
+
+}  // namespace
+}  // namespace cabm
