@@ -165,6 +165,11 @@ class Bf16PlanCache {
     const dnnl::memory::desc b_md(dims{k.K, k.N}, dt::bf16, k.tb ? dims{1, k.ldb} : dims{k.ldb, 1});
     const dnnl::memory::desc c_md(dims{k.M, k.N}, dt::f32, dims{k.ldc, 1});
     dnnl::primitive_attr attr;
+    // A scratchpad of our own per execution: with the library's (shared by all primitives in
+    // Debian's build, DNNL_ENABLE_CONCURRENT_EXEC=OFF) two threads running products at once, or
+    // a primitive run on a thread other than the one that made it, race on the same buffer
+    // (GemmBf16.ConcurrentCallsShareTheCache caught wrong results under load).
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     if (k.alpha != 1.0f) attr.set_output_scales(0, {k.alpha});
     if (k.beta != 0.0f) {
       dnnl::post_ops ops;
@@ -231,7 +236,13 @@ void gemm_bf16(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t
   dnnl::memory am(plan->pd.src_desc(), engine, const_cast<bf16*>(a.data));
   dnnl::memory bm(plan->pd.weights_desc(), engine, const_cast<bf16*>(b.data));
   dnnl::memory cm(plan->pd.dst_desc(), engine, c);
-  plan->primitive.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  // Per thread, grown to the largest need and then reused (fresh pages are expensive here).
+  thread_local std::vector<uint8_t> scratchpad;
+  const dnnl::memory::desc scratch_md = plan->pd.scratchpad_desc();
+  if (scratchpad.size() < scratch_md.get_size()) scratchpad.resize(scratch_md.get_size());
+  dnnl::memory sm(scratch_md, engine, scratchpad.data());
+  plan->primitive.execute(stream,
+                          {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sm}});
   stream.wait();
 }
 
