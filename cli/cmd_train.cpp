@@ -28,7 +28,7 @@ extern "C" void on_interrupt(int) {
 }
 
 struct Flags {
-  std::string task = "lm", out, init, data, schedule, precision;
+  std::string task = "lm", out, init, data, schedule, precision, positional;
   int64_t steps = 0, batch_size = 0, seq_len = 0, layers = 0, heads = 0, kv_heads = 0, d_model = 0, d_ff = 0, warmup = 0, accum = 0,
           eval_interval = 0, eval_windows = 0, checkpoint_interval = 0, keep = 0, log_interval = 0, stop_at = 0,
           sample_tokens = 0;
@@ -77,6 +77,7 @@ TrainConfig apply_flags(const Flags& f, TrainConfig c) {
   set_if(f, "--sample-tokens", f.sample_tokens, c.sample_tokens);
   if (f.options.at("--post-norm")->count() > 0) c.norm_first = !f.post_norm;
   if (f.options.at("--precision")->count() > 0) c.precision = parse_precision(f.precision);
+  if (f.options.at("--positional")->count() > 0) c.positional = parse_positional(f.positional);
   return c;
 }
 
@@ -241,6 +242,10 @@ void register_train(CLI::App& app) {
                                 "seed for initialisation, data order, dropout and the final sample (default 1337)")
                     ->check(any_unsigned());
   o["--threads"] = add_threads_option(cmd, f->threads);
+  o["--positional"] = cmd->add_option("--positional", f->positional,
+                                      "positions: learned (default), sinusoidal, or rotary (RoPE in every layer)")
+                          ->check(accepted_by([](const std::string& s) { parse_positional(s); },
+                                              "learned, sinusoidal or rotary"));
   o["--precision"] = cmd->add_option("--precision", f->precision,
                                      "fp32 (default) or bf16: bf16 matrix products and attention with fp32 "
                                      "accumulation, fp32 master weights, optimizer state and checkpoints")

@@ -12,6 +12,9 @@ CausalLM make_causal_lm(const CausalLMConfig& config) {
   // The config is its layers' config (an EncoderLayerConfig); make_encoder validates the rest.
   model.encoder = make_encoder(config, config.num_layers, /*final_norm=*/true);
   model.embed = make_embedding(config.vocab_size, config.d_model);
+  if ((config.positional == PositionalKind::kRotary) != (config.rope.style != RopeStyle::kNone))
+    throw Error(fmt::format("{}: rotary positions (positional rotary) and the layers' rope options go together",
+                            "causal LM"));
   if (config.positional == PositionalKind::kLearned) model.pos_embed = make_embedding(config.max_seq_len, config.d_model);
   if (!config.tie_head) model.head = make_linear(config.d_model, config.vocab_size, /*bias=*/false);
   return model;
@@ -20,7 +23,8 @@ CausalLM make_causal_lm(const CausalLMConfig& config) {
 namespace {
 
 TokenInput token_input(const CausalLM& model) {
-  return TokenInput{&model.embed, model.pos_embed.weight.defined() ? &model.pos_embed : nullptr};
+  return TokenInput{&model.embed, model.pos_embed.weight.defined() ? &model.pos_embed : nullptr,
+                    model.config.positional == PositionalKind::kSinusoidal};
 }
 
 // The output projection: tied to the token embedding, or the separate head; in mixed

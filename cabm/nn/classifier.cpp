@@ -14,6 +14,9 @@ Classifier make_classifier(const ClassifierConfig& config) {
   model.config = config;
   model.encoder = make_encoder(config, config.num_layers, config.final_norm);  // the config is its layers' config
   model.embed = make_embedding(config.vocab_size, config.d_model);
+  if ((config.positional == PositionalKind::kRotary) != (config.rope.style != RopeStyle::kNone))
+    throw Error(fmt::format("{}: rotary positions (positional rotary) and the layers' rope options go together",
+                            "classifier"));
   if (config.positional == PositionalKind::kLearned) model.pos_embed = make_embedding(config.max_seq_len, config.d_model);
   model.classifier = make_linear(config.d_model, config.num_classes, /*bias=*/true);
   return model;
@@ -41,7 +44,8 @@ const Tensor& classifier_forward(const Classifier& model, const Tensor& tokens, 
   ForwardMode model_mode = mode;
   model_mode.layer = kModelLayer;
   cache.embed_dropout = dropout_args(model_mode, DropoutSite::kEmbedding, model.config.dropout);
-  const TokenInput input{&model.embed, model.pos_embed.weight.defined() ? &model.pos_embed : nullptr};
+  const TokenInput input{&model.embed, model.pos_embed.weight.defined() ? &model.pos_embed : nullptr,
+                         model.config.positional == PositionalKind::kSinusoidal};
   token_input_forward(input, cache.tokens, 0, cache.embed_dropout, cache.embedded);
   const Tensor& h = encoder_forward(model.encoder, cache.embedded, Mask::key_padding(lengths), cache.encoder, mode);
 

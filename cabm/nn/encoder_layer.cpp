@@ -12,7 +12,7 @@ EncoderLayer make_encoder_layer(const EncoderLayerConfig& config) {
     throw Error(fmt::format("TransformerEncoderLayer: dropout {} outside [0, 1)", config.dropout));
   EncoderLayer layer;
   layer.config = config;
-  layer.self_attn = make_multi_head_attention({config.d_model, config.nhead, 0, 0, config.bias, config.num_kv_heads});
+  layer.self_attn = make_multi_head_attention({config.d_model, config.nhead, 0, 0, config.bias, config.num_kv_heads, config.rope});
   layer.ffn = make_feed_forward(config.d_model, config.dim_feedforward, config.activation, config.bias);
   layer.norm1 = make_layer_norm(config.d_model, config.layer_norm_eps);
   layer.norm2 = make_layer_norm(config.d_model, config.layer_norm_eps);

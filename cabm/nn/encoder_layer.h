@@ -25,6 +25,7 @@ struct EncoderLayerConfig {
   bool norm_first = false;
   bool bias = true;
   int64_t num_kv_heads = 0;     // Hkv (grouped-query attention, multi_head_attention.h); 0 = H
+  RopeOptions rope{};           // rotary positions in self-attention (style kNone: none)
 };
 
 struct EncoderLayer {

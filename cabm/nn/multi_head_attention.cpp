@@ -20,6 +20,7 @@ MultiHeadAttention make_multi_head_attention(MultiHeadAttentionConfig config) {
   if (config.num_kv_heads < 0 || H % config.num_kv_heads != 0)
     throw Error(fmt::format("MultiheadAttention: num_heads {} is not a multiple of num_kv_heads {}", H,
                             config.num_kv_heads));
+  if (config.rope.style != RopeStyle::kNone) rope_resolved_dim(config.rope, E / H);
   MultiHeadAttention mha;
   mha.config = config;
   const int64_t Ekv = mha.kv_dim(), rows = mha.qkv_dim();
@@ -79,6 +80,28 @@ void ensure_own(Tensor& t, const Shape& shape, DType dtype, const Tensor& shared
 // [B, L, H, d] contiguous head tensor as [B·L, H·d] rows.
 Tensor head_rows(const Tensor& heads) {
   return heads.view({heads.size(0) * heads.size(1), heads.size(2) * heads.size(3)});
+}
+
+// Positions first .. first + n − 1 (rotary).
+std::vector<int64_t> positions(int64_t first, int64_t n) {
+  std::vector<int64_t> p(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) p[i] = first + i;
+  return p;
+}
+
+// Rotary: Q and K (fp32 heads, views into the projection buffers) rotated in place, or, with
+// backward, dQ and dK rotated back.
+void apply_rope(const MultiHeadAttention& mha, const Tensor& q, const Tensor& k, int64_t position, bool backward) {
+  const RopeOptions& rope = mha.config.rope;
+  if (rope.style == RopeStyle::kNone) return;
+  const std::vector<int64_t> qp = positions(position, q.size(1)), kp = positions(position, k.size(1));
+  if (backward) {
+    rope_backward(q, qp, rope);
+    rope_backward(k, kp, rope);
+  } else {
+    rope_forward(q, qp, rope);
+    rope_forward(k, kp, rope);
+  }
 }
 
 // Q, K, V head views of a packed [B, L, E + 2Ekv] buffer.
@@ -150,6 +173,7 @@ const Tensor& multi_head_attention_forward(const MultiHeadAttention& mha, const 
     }
   }
 
+  apply_rope(mha, cache.q, cache.k, in.position, false);
   ensure_shape(cache.attn, {B, N, E});
   ensure_shape(cache.lse, {B, H, N});
   cache.options = AttentionOptions{};
@@ -249,6 +273,8 @@ void multi_head_attention_backward(const MultiHeadAttention& mha, const Attentio
     attention_backward(saved, cache.d_attn.view({B, N, H, d}), cache.options, attention_grads);
   }
 
+  apply_rope(mha, cache.d_q, cache.d_k, in.position, true);
+
   // Input projections: d(input) = dX W_X;  dW_X += dXᵀ input;  db_X += Σ dX (X = Q, K, V).
   const bool all_alias = same_tensor(dinputs.query, dinputs.key) && same_tensor(dinputs.query, dinputs.value);
   const bool none = !dinputs.query.defined() && !dinputs.key.defined() && !dinputs.value.defined();
@@ -312,6 +338,7 @@ const Tensor& multi_head_attention_decode(const MultiHeadAttention& mha, const T
     ensure_own(cache.v, {B, n, Hkv, d}, DType::F32, cache.qkv);
     linear_forward(mha.k_proj, as_rows(x), head_rows(cache.k));
     linear_forward(mha.v_proj, as_rows(x), head_rows(cache.v));
+    apply_rope(mha, cache.q, cache.k, kv.length, false);
     for (int64_t b = 0; b < B; ++b) {
       round_to_bf16(head_rows(cache.k).narrow(0, b * n, n), kv.k.select(0, b).narrow(0, kv.length, n));
       round_to_bf16(head_rows(cache.v).narrow(0, b * n, n), kv.v.select(0, b).narrow(0, kv.length, n));
@@ -324,6 +351,8 @@ const Tensor& multi_head_attention_decode(const MultiHeadAttention& mha, const T
       linear_forward(mha.k_proj, xb, kv.k.select(0, b).narrow(0, kv.length, n));
       linear_forward(mha.v_proj, xb, kv.v.select(0, b).narrow(0, kv.length, n));
     }
+    // The new keys, where they sit in the cache.
+    apply_rope(mha, cache.q, kv.k.as_strided({B, n, Hkv, d}, {cap * Ekv, Ekv, d, 1}, kv.length * Ekv), kv.length, false);
   }
   const int64_t L = kv.length + n;
   const Tensor k = kv.k.as_strided({B, L, Hkv, d}, {cap * Ekv, Ekv, d, 1});

@@ -12,6 +12,11 @@
 // packed in_proj_weight is [E + 2·Ekv, E] (rows: W_Q, W_K, W_V). The KV cache of decoding holds
 // Hkv heads: H / Hkv times less memory. Hkv = H (the default) is PyTorch's module exactly.
 //
+// Rotary positions (config.rope, cabm/kernels/rope.h): Q and K are rotated once per token, in
+// place in the projection buffers, before attention (queries at inputs.position + i, keys at
+// inputs.position + j; decoding: at the cache length); the backward rotates dQ and dK back before
+// the input projections. The KV cache holds rotated keys, as every RoPE implementation does.
+//
 // Mixed precision (cabm/nn/mixed_precision.h): when the module holds bf16 weight copies (bf16()),
 // the four projections run on bf16 operands (cabm/nn/linear.h), Q, K and V are rounded to bf16 and
 // attention runs in attention_flash_bf16_forward / _backward (fp32 softmax statistics and
@@ -24,6 +29,7 @@
 #include "cabm/core/tensor.h"
 #include "cabm/kernels/attention.h"
 #include "cabm/kernels/mask.h"
+#include "cabm/kernels/rope.h"
 #include "cabm/nn/linear.h"
 
 namespace cabm {
@@ -35,6 +41,7 @@ struct MultiHeadAttentionConfig {
   int64_t vdim = 0;       // value input width; 0 means E
   bool bias = true;
   int64_t num_kv_heads = 0;  // Hkv; must divide H; 0 means H
+  RopeOptions rope{};        // rotary positions on Q and K; style kNone (the default) = off
 };
 
 struct MultiHeadAttention {
@@ -71,6 +78,8 @@ struct AttentionInputs {
   float dropout = 0.0f;
   uint64_t dropout_seed = 0;
   uint64_t dropout_offset = 0;
+  // Rotary positions only: the position of the first query and of the first key.
+  int64_t position = 0;
 };
 
 // Activations of one call, kept for the backward pass and reused across calls of one shape.

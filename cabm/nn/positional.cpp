@@ -69,6 +69,22 @@ void sinusoidal_encoding_forward(int64_t start, const Tensor& y) {
       for (int64_t c = 0; c < E; ++c) out[(b * T + t) * E + c] += w[t * E + c];
 }
 
+const char* positional_name(PositionalKind kind) {
+  switch (kind) {
+    case PositionalKind::kLearned: return "learned";
+    case PositionalKind::kSinusoidal: return "sinusoidal";
+    case PositionalKind::kRotary: return "rotary";
+  }
+  return "?";
+}
+
+PositionalKind parse_positional(const std::string& name) {
+  if (name == "learned") return PositionalKind::kLearned;
+  if (name == "sinusoidal") return PositionalKind::kSinusoidal;
+  if (name == "rotary") return PositionalKind::kRotary;
+  throw Error(fmt::format("unknown positional kind '{}' (expected learned, sinusoidal or rotary)", name));
+}
+
 void token_input_forward(const TokenInput& input, const Tensor& tokens, int64_t start, const DropoutArgs& dropout,
                          const Tensor& y) {
   CABM_CHECK(tokens.dim() == 2 && y.dim() == 3 && y.size(0) == tokens.size(0) && y.size(1) == tokens.size(1),
@@ -76,7 +92,7 @@ void token_input_forward(const TokenInput& input, const Tensor& tokens, int64_t 
              shape_str(y.shape()));
   embedding_forward(*input.embed, tokens, as_rows_2d(y));
   if (input.pos) positional_embedding_forward(*input.pos, start, y);
-  else sinusoidal_encoding_forward(start, y);
+  else if (input.sinusoidal) sinusoidal_encoding_forward(start, y);
   if (dropout.active()) dropout_forward(dropout, y.data<float>(), y.data<float>(), y.numel());
 }
 

@@ -13,7 +13,6 @@ ClassifierConfig langid_model_config(const TrainConfig& c, int64_t num_classes) 
   m.activation = Activation::kRelu;
   m.num_classes = num_classes;
   m.final_norm = true;
-  m.positional = PositionalKind::kLearned;
   return m;
 }
 

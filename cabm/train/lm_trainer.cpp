@@ -11,7 +11,6 @@ CausalLMConfig lm_model_config(const TrainConfig& c) {
   CausalLMConfig m = byte_model_config<CausalLMConfig>(c);
   m.activation = Activation::kGelu;
   m.tie_head = true;
-  m.positional = PositionalKind::kLearned;
   return m;
 }
 

@@ -33,7 +33,7 @@ std::string float_str(float f) {
 // input and depth around it (members of both configs; each key is the member's name).
 template <typename ModelConfig>
 Metadata encoder_metadata(const ModelConfig& c) {
-  return {{"vocab_size", std::to_string(c.vocab_size)},
+  Metadata m = {{"vocab_size", std::to_string(c.vocab_size)},
           {"max_seq_len", std::to_string(c.max_seq_len)},
           {"d_model", std::to_string(c.d_model)},
           {"nhead", std::to_string(c.nhead)},
@@ -44,8 +44,10 @@ Metadata encoder_metadata(const ModelConfig& c) {
           {"activation", activation_name(c.activation)},
           {"norm_first", bool_str(c.norm_first)},
           {"layer_norm_eps", float_str(c.layer_norm_eps)},
-          {"positional", c.positional == PositionalKind::kLearned ? "learned" : "sinusoidal"},
+          {"positional", positional_name(c.positional)},
           {"tokenizer", "bytes"}};
+  if (c.positional == PositionalKind::kRotary) m["rope_theta"] = float_str(c.rope.theta);
+  return m;
 }
 
 const std::string& need(const SafetensorsFile& f, const std::string& key) {
@@ -74,11 +76,20 @@ bool get_bool(const SafetensorsFile& f, const std::string& key, bool fallback) {
   throw Error(fmt::format("{}: metadata '{}' must be true or false, got '{}'", f.path, key, *s));
 }
 
-PositionalKind get_positional(const SafetensorsFile& f) {
+// positional, and for rotary models the layers' rope options (neox layout, the whole head dim).
+template <typename ModelConfig>
+void get_positional(const SafetensorsFile& f, ModelConfig& c) {
   const std::string* s = f.find_metadata("positional");
-  if (s == nullptr || *s == "learned") return PositionalKind::kLearned;
-  if (*s == "sinusoidal") return PositionalKind::kSinusoidal;
-  throw Error(fmt::format("{}: metadata 'positional' must be learned or sinusoidal, got '{}'", f.path, *s));
+  if (s == nullptr || *s == "learned") {
+    c.positional = PositionalKind::kLearned;
+  } else if (*s == "sinusoidal") {
+    c.positional = PositionalKind::kSinusoidal;
+  } else if (*s == "rotary") {
+    c.positional = PositionalKind::kRotary;
+    c.rope = {RopeStyle::kNeox, get_float(f, "rope_theta", {0, 1e30, true, false}), 0};
+  } else {
+    throw Error(fmt::format("{}: metadata 'positional' must be learned, sinusoidal or rotary, got '{}'", f.path, *s));
+  }
 }
 
 Activation get_activation(const SafetensorsFile& f) {
@@ -197,7 +208,7 @@ CausalLMConfig causal_lm_config_from(const SafetensorsFile& f) {
   CausalLMConfig c;
   read_encoder_metadata(f, c);
   c.tie_head = get_bool(f, "tie_head", true);
-  c.positional = get_positional(f);
+  get_positional(f, c);
   check_encoder_against_file(f, c);
   if (!c.tie_head)
     expect_shape(f, "head.weight", {c.vocab_size, c.d_model},
@@ -212,7 +223,7 @@ ClassifierConfig classifier_config_from(const SafetensorsFile& f, std::vector<st
   read_encoder_metadata(f, c);
   c.num_classes = get_int(f, "num_classes");
   c.final_norm = get_bool(f, "final_norm", true);
-  c.positional = get_positional(f);
+  get_positional(f, c);
   check_encoder_against_file(f, c);
   expect_shape(f, "classifier.weight", {c.num_classes, c.d_model}, fmt::format("num_classes {}", c.num_classes));
   labels.clear();

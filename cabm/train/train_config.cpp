@@ -85,6 +85,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"clip", c.clip},
           {"seed", c.seed},
           {"precision", precision_name(c.precision)},
+          {"positional", positional_name(c.positional)},
           {"eval_interval", c.eval_interval},
           {"eval_windows", c.eval_windows},
           {"checkpoint_interval", c.checkpoint_interval},
@@ -185,6 +186,8 @@ TrainConfig train_config_from_json(const nlohmann::json& j, const std::string& w
   c.seed = r.unsigned_integer("seed");
   // Absent in checkpoints written before mixed precision existed: those ran in fp32.
   c.precision = r.has("precision") ? enum_value("precision", parse_precision) : Precision::kFp32;
+  // Absent in checkpoints written before the choice existed: those had learned positions.
+  c.positional = r.has("positional") ? enum_value("positional", parse_positional) : PositionalKind::kLearned;
   return c;
 }
 

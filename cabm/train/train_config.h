@@ -45,6 +45,9 @@ struct TrainConfig {
   // fp32, or bf16 mixed precision (cabm/nn/mixed_precision.h): bf16 products with fp32 master
   // weights, AdamW state and checkpoints. Recorded in state.json; --resume keeps it.
   Precision precision = Precision::kFp32;
+  // Positions: learned embeddings (the default), sinusoidal, or rotary (RoPE in every layer:
+  // neox layout, θ 10000, the whole head dim; no position table, so no context limit of its own).
+  PositionalKind positional = PositionalKind::kLearned;
 
   // Bookkeeping.
   int64_t eval_interval = 250;      // steps between validations (0: only at the end)
@@ -125,6 +128,8 @@ ModelConfig byte_model_config(const TrainConfig& c) {
   m.dim_feedforward = c.d_ff;
   m.dropout = c.dropout;
   m.norm_first = c.norm_first;
+  m.positional = c.positional;
+  if (c.positional == PositionalKind::kRotary) m.rope = {RopeStyle::kNeox, 10000.0f, 0};
   return m;
 }
 

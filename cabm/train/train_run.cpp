@@ -238,6 +238,10 @@ void check_same_architecture(const LoadedCheckpoint& checkpoint, const TrainConf
     if (saved != model)
       throw Error(fmt::format("{}: 'config.{}' is {}, but {} has {} {} (files of different runs?)",
                               state_file_path(checkpoint), key, saved, checkpoint.model.path, meta, model));
+  if (c.positional != m.positional)
+    throw Error(fmt::format("{}: 'config.positional' is {}, but {} has positional {} (files of different runs?)",
+                            state_file_path(checkpoint), positional_name(c.positional), checkpoint.model.path,
+                            positional_name(m.positional)));
 }
 
 void check_model_file(const LoadedCheckpoint& checkpoint, const TrainConfig& c) {
@@ -260,6 +264,7 @@ void adopt_init_architecture(const std::string& path, TrainTask task, TrainConfi
     std::tie(c.layers, c.heads, c.kv_heads, c.d_model, c.d_ff, c.seq_len, c.norm_first) = std::tuple(
         m.num_layers, m.nhead, m.num_kv_heads == m.nhead ? 0 : m.num_kv_heads, m.d_model, m.dim_feedforward,
         m.max_seq_len, m.norm_first);
+    c.positional = m.positional;
   };
   std::vector<std::string> labels;
   if (task == TrainTask::kLanguageModel && kind == "CausalLM") {

@@ -105,6 +105,26 @@ TEST(CliTrain, GroupedQueryAttention) {
   expect_one_line_error(cabm("train --kv-heads -1 --out " + out + "_bad"), "--kv-heads");
 }
 
+// Rotary positions: no position table in the checkpoint, positional/rope_theta in its metadata,
+// generation past the training context is still bounded by max_seq_len, resume keeps it.
+TEST(CliTrain, RotaryPositions) {
+  const std::string out = test::temp_dir() + "/rope";
+  const CmdResult train = cabm("train --data " + data_file() + " --out " + out + kTiny +
+                               " --positional rotary --kv-heads 1 --steps 4 --eval-interval 0 --sample-tokens 8"
+                               " --stop-at 2");
+  ASSERT_EQ(train.status, 0) << train.out << train.err;
+  const SafetensorsFile model = read_safetensors(out + "/step-00000002/model.safetensors");
+  EXPECT_EQ(model.get_metadata("positional"), "rotary");
+  EXPECT_EQ(model.get_metadata("rope_theta"), "10000");
+  EXPECT_EQ(model.find("pos_embed.weight"), nullptr);
+  const CmdResult gen = cabm("generate --checkpoint " + out + " --tokens 12 --temperature 0");
+  EXPECT_EQ(gen.status, 0) << gen.err;
+  const CmdResult resumed = cabm("train --resume --out " + out);
+  EXPECT_EQ(resumed.status, 0) << resumed.err;
+  EXPECT_EQ(cabm("eval --checkpoint " + out).status, 0);
+  expect_one_line_error(cabm("train --positional alibi --out " + out + "_bad"), "--positional");
+}
+
 TEST(CliTrain, BadInputsAreOneLine) {
   const std::string dir = test::temp_dir();
   expect_one_line_error(cabm("train --data /nonexistent/corpus.txt --out " + dir + "/x"),

@@ -77,22 +77,50 @@ inline void dropout(Vec& v, const DropoutArgs& args) {
 
 struct MhaShape {
   int64_t B, N, M, E, H, kdim, vdim;
+  int64_t Hkv = 0;     // key/value heads (grouped-query attention); 0 = H
+  RopeOptions rope{};  // rotary positions on q (0..N−1) and k (0..M−1)
 };
+
+// Rotary positions on x [B, L, heads·d] in double, at the float angles of cabm/kernels/rope.h.
+inline void rotate(Vec& x, int64_t B, int64_t L, int64_t heads, int64_t d, const RopeOptions& o) {
+  if (o.style == RopeStyle::kNone) return;
+  const int64_t rd = o.rope_dim ? o.rope_dim : d;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < L; ++t)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t pr = 0; pr < rd / 2; ++pr) {
+          const float inv =
+              1.0f / static_cast<float>(std::pow(double{o.theta}, static_cast<float>(2 * pr) / static_cast<float>(rd)));
+          const double angle = static_cast<float>(t) * inv;
+          const int64_t base = ((b * L + t) * heads + h) * d;
+          const int64_t ia = base + (o.style == RopeStyle::kNeox ? pr : 2 * pr);
+          const int64_t ib = ia + (o.style == RopeStyle::kNeox ? rd / 2 : 1);
+          const double xa = x[ia], xb = x[ib];
+          x[ia] = xa * std::cos(angle) - xb * std::sin(angle);
+          x[ib] = xb * std::cos(angle) + xa * std::sin(angle);
+        }
+}
 
 // PyTorch MultiheadAttention (batch_first) with parameters under `prefix`.
 inline Vec mha(const Params& p, const std::string& prefix, const MhaShape& s, const Vec& query, const Vec& key,
                const Vec& value, const AttentionOptions& options) {
   const int64_t B = s.B, N = s.N, M = s.M, E = s.E, H = s.H, d = E / H;
+  const int64_t Hkv = s.Hkv ? s.Hkv : H, Ekv = Hkv * d, group = H / Hkv;
   const bool packed = p.count(prefix + "in_proj_weight") > 0;
   const Vec* bias = p.count(prefix + "in_proj_bias") ? &get(p, prefix + "in_proj_bias") : nullptr;
+  // Rows of the packed weight: W_Q [E], W_K [Ekv], W_V [Ekv].
+  const int64_t first_row[3] = {0, E, E + Ekv}, rows[3] = {E, Ekv, Ekv};
   auto proj = [&](const Vec& x, int64_t L, int64_t width, int which, const char* name) {
-    const double* b = bias ? bias->data() + which * E : nullptr;
-    if (packed) return linear(x, B * L, width, get(p, prefix + "in_proj_weight"), b, E, which * E * E);
-    return linear(x, B * L, width, get(p, prefix + name), b, E);
+    const double* b = bias ? bias->data() + first_row[which] : nullptr;
+    if (packed)
+      return linear(x, B * L, width, get(p, prefix + "in_proj_weight"), b, rows[which], first_row[which] * E);
+    return linear(x, B * L, width, get(p, prefix + name), b, rows[which]);
   };
-  const Vec q = proj(query, N, E, 0, "q_proj_weight");
-  const Vec k = proj(key, M, s.kdim, 1, "k_proj_weight");
+  Vec q = proj(query, N, E, 0, "q_proj_weight");
+  Vec k = proj(key, M, s.kdim, 1, "k_proj_weight");
   const Vec v = proj(value, M, s.vdim, 2, "v_proj_weight");
+  rotate(q, B, N, H, d, s.rope);
+  rotate(k, B, M, Hkv, d, s.rope);
   const ResolvedMask mask(options.mask, B, H, N, M);
   const double scale = options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(d));
   Vec attn(static_cast<size_t>(B * N * E), 0.0);
@@ -109,7 +137,8 @@ inline Vec mha(const Params& p, const std::string& prefix, const MhaShape& s, co
             continue;
           }
           double dot = 0;
-          for (int64_t c = 0; c < d; ++c) dot += q[(b * N + i) * E + h * d + c] * k[(b * M + j) * E + h * d + c];
+          for (int64_t c = 0; c < d; ++c)
+            dot += q[(b * N + i) * E + h * d + c] * k[(b * M + j) * Ekv + (h / group) * d + c];
           sc[j] = dot * scale + row[j];
           mx = std::max(mx, sc[j]);
         }
@@ -120,7 +149,8 @@ inline Vec mha(const Params& p, const std::string& prefix, const MhaShape& s, co
           double a = sc[j] == -INFINITY ? 0.0 : std::exp(sc[j] - mx) / sum;
           if (options.dropout > 0)
             a = attention_dropout_keep(options, b, h, H, i, j, M) ? a / (1.0 - options.dropout) : 0.0;
-          for (int64_t c = 0; c < d; ++c) attn[(b * N + i) * E + h * d + c] += a * v[(b * M + j) * E + h * d + c];
+          for (int64_t c = 0; c < d; ++c)
+            attn[(b * N + i) * E + h * d + c] += a * v[(b * M + j) * Ekv + (h / group) * d + c];
         }
       }
   const Vec& ob = get(p, prefix + "out_proj.bias");
@@ -142,7 +172,8 @@ inline Vec encoder_layer(const Params& p, const std::string& prefix, const Encod
       options.dropout_seed = dropout_key(mode);
       options.dropout_offset = dropout_offset(mode, DropoutSite::kAttentionWeights);
     }
-    Vec out = mha(p, prefix + "self_attn.", {B, N, N, E, cfg.nhead, E, E}, v, v, v, options);
+    Vec out = mha(p, prefix + "self_attn.", {B, N, N, E, cfg.nhead, E, E, cfg.num_kv_heads, cfg.rope}, v, v, v,
+                  options);
     dropout(out, dropout_args(mode, DropoutSite::kAttentionResidual, cfg.dropout));
     return out;
   };
@@ -199,9 +230,10 @@ inline double cross_entropy(const Vec& logits, int64_t rows, int64_t V, const st
   return count ? total / count : 0.0;
 }
 
-// Token + learned position embeddings (with the models' embedding dropout).
+// Token + learned or sinusoidal position embeddings (rotary: none here; with the models'
+// embedding dropout).
 inline Vec token_input(const Params& p, const std::vector<int64_t>& tokens, int64_t B, int64_t T, int64_t E,
-                       float dropout_p, const ForwardMode& mode) {
+                       float dropout_p, const ForwardMode& mode, bool rotary = false) {
   const Vec& we = get(p, "embed.weight");
   const Vec* wp = p.count("pos_embed.weight") ? &get(p, "pos_embed.weight") : nullptr;
   Vec x(static_cast<size_t>(B * T * E));
@@ -209,7 +241,9 @@ inline Vec token_input(const Params& p, const std::vector<int64_t>& tokens, int6
     for (int64_t t = 0; t < T; ++t)
       for (int64_t c = 0; c < E; ++c) {
         double pe;
-        if (wp) {
+        if (rotary) {
+          pe = 0.0;
+        } else if (wp) {
           pe = (*wp)[t * E + c];
         } else {
           const double omega = std::pow(10000.0, -2.0 * static_cast<double>(c / 2) / static_cast<double>(E));
@@ -225,7 +259,7 @@ inline Vec token_input(const Params& p, const std::vector<int64_t>& tokens, int6
 
 inline Vec causal_lm_logits(const Params& p, const CausalLMConfig& cfg, const std::vector<int64_t>& tokens, int64_t B,
                             int64_t T, const ForwardMode& mode) {
-  const Vec x = token_input(p, tokens, B, T, cfg.d_model, cfg.dropout, mode);
+  const Vec x = token_input(p, tokens, B, T, cfg.d_model, cfg.dropout, mode, cfg.positional == PositionalKind::kRotary);
   const Vec h = encoder(p, "encoder.", cfg, cfg.num_layers, B, T, x, Mask::causal(), mode);
   const Vec& W = cfg.tie_head ? get(p, "embed.weight") : get(p, "head.weight");
   return linear(h, B * T, cfg.d_model, W, nullptr, cfg.vocab_size);

@@ -368,6 +368,7 @@ struct LmCase {
   bool training;
   float label_smoothing;
   PositionalKind positional = PositionalKind::kLearned;
+  int64_t kv_heads = 0;
 };
 
 class CausalLMGrad : public ::testing::TestWithParam<LmCase> {};
@@ -385,6 +386,9 @@ TEST_P(CausalLMGrad, MatchesFiniteDifferences) {
   cfg.norm_first = c.norm_first;
   cfg.tie_head = c.tie_head;
   cfg.positional = c.positional;
+  if (c.positional == PositionalKind::kRotary) cfg.rope = {RopeStyle::kNeox, 10000.0f, 0};
+  cfg.nhead = c.kv_heads ? 4 : 2;
+  cfg.num_kv_heads = c.kv_heads;
   const int64_t B = 2, T = 5;
   CausalLM model = make_causal_lm(cfg), grads = make_causal_lm(cfg);
   zero_parameters(named_parameters(grads));
@@ -414,7 +418,10 @@ INSTANTIATE_TEST_SUITE_P(Variants, CausalLMGrad,
                          ::testing::Values(LmCase{"tied_pre", true, true, false, 0.0f},
                                            LmCase{"untied_post_smoothing", false, false, false, 0.1f},
                                            LmCase{"tied_pre_training_smoothing", true, true, true, 0.2f},
-                                           LmCase{"sinusoidal", true, true, false, 0.0f, PositionalKind::kSinusoidal}),
+                                           LmCase{"sinusoidal", true, true, false, 0.0f, PositionalKind::kSinusoidal},
+                                           LmCase{"rotary", true, true, true, 0.0f, PositionalKind::kRotary},
+                                           LmCase{"gqa", false, false, true, 0.0f, PositionalKind::kLearned, 2},
+                                           LmCase{"mqa_rotary", true, true, false, 0.1f, PositionalKind::kRotary, 1}),
                          [](const auto& info) { return info.param.name; });
 
 TEST(GradCheck, Classifier) {

@@ -120,8 +120,12 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GroupedQueryAttention,
                                            Case{24, 6, 3, 24, true}, Case{24, 6, 2, 10, false},  // cross
                                            Case{16, 4, 4, 16, true}));                          // plain
 
-CausalLMConfig small_lm(int64_t kv_heads) {
+CausalLMConfig small_lm(int64_t kv_heads, bool rotary = false) {
   CausalLMConfig c;
+  if (rotary) {
+    c.positional = PositionalKind::kRotary;
+    c.rope = {RopeStyle::kNeox, 10000.0f, 0};
+  }
   c.vocab_size = 13;
   c.max_seq_len = 9;
   c.d_model = 16;
@@ -133,11 +137,13 @@ CausalLMConfig small_lm(int64_t kv_heads) {
   return c;
 }
 
+// Rotary models too: decoding rotates the new queries and keys at the cache length.
 TEST(GroupedQueryAttentionLM, KVCacheHoldsKeyValueHeadsAndMatchesFullForward) {
-  for (int64_t kv_heads : {1, 2}) {
+  for (int64_t kv_heads : {1, 2, 4})
+  for (bool rotary : {false, true})
     for (bool bf16 : {false, true}) {
-      SCOPED_TRACE("kv heads " + std::to_string(kv_heads) + (bf16 ? " bf16" : " fp32"));
-      CausalLM model = make_causal_lm(small_lm(kv_heads));
+      SCOPED_TRACE("kv heads " + std::to_string(kv_heads) + (bf16 ? " bf16" : " fp32") + (rotary ? " rotary" : ""));
+      CausalLM model = make_causal_lm(small_lm(kv_heads, rotary));
       Rng rng(7);
       init_parameters(model, rng);
       if (bf16) set_precision(model, Precision::kBf16);
@@ -157,7 +163,6 @@ TEST(GroupedQueryAttentionLM, KVCacheHoldsKeyValueHeadsAndMatchesFullForward) {
         EXPECT_CLOSE(step, full.narrow(1, t, 1).contiguous(), tol, tol);
       }
     }
-  }
 }
 
 TEST(GroupedQueryAttentionLM, ParameterShapesAndErrors) {
