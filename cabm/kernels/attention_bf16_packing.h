@@ -30,7 +30,8 @@ inline const bf16* bf16_head_ptr(const Tensor& t, int64_t b, int64_t h) {
   return t.data<bf16>() + b * t.stride(0) + h * t.stride(2);
 }
 
-// Packs head (b, h) of k [B, M, H, d] and v [B, M, H, dv] into kp [Mp · dp] and vp [Mp · dvp].
+// Packs key/value head (b, h) of k [B, M, Hkv, d] and v [B, M, Hkv, dv] into kp [Mp · dp] and
+// vp [Mp · dvp]: once per key/value head, whatever number of query heads read it (GQA).
 inline void pack_kv_head(const Tensor& k, const Tensor& v, int64_t b, int64_t h, int64_t Mp, int64_t dp,
                          int64_t dvp, bf16* kp, bf16* vp) {
   const int64_t M = k.size(1), d = k.size(3), dv = v.size(3);

@@ -16,6 +16,14 @@
 //
 // Dropout uses the counter-based decisions of attention_dropout_keep (via DropoutMatrix), so the
 // flash and reference kernels drop exactly the same weights, in forward and backward.
+//
+// Variants (attention_reference.h): grouped-query attention (GQA/MQA) reads key/value head
+// h / (H / Hkv), packed once per key/value head in the forward; the backward's work items are key
+// tiles of a key/value head, each walking the query heads of its group in order, so dk and dv sum
+// the group in a fixed order with one writer. Soft-capping and ALiBi are a score epilogue per tile
+// (attention_score_variants.h; ALiBi from positions, never an N×M tensor), compiled into a second
+// instance of the tile loops: the plain loops are untouched when both are off. Masks, dropout and
+// lse are indexed by the query head. Sinks are not applied here (attention.cpp folds them).
 #pragma once
 
 #include "cabm/kernels/attention_reference.h"
@@ -36,15 +44,16 @@ struct FlashConfig {
 
 // Writes out [B, N, H, dv] (any strided view with unit last stride) and, if lse is non-null,
 // lse F32 [B, H, N] contiguous (natural log; −inf for fully masked rows, whose output is 0).
-// q [B, N, H, d], k [B, M, H, d], v [B, M, H, dv]: strided views.
+// q [B, N, H, d], k [B, M, Hkv, d], v [B, M, Hkv, dv]: strided views, H a multiple of Hkv.
 void attention_flash_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
                              const Tensor& out, const Tensor* lse = nullptr, const FlashConfig& config = {});
 
 // FlashAttention-2 backward. saved.lse is required (from attention_flash_forward, or the
 // reference forward: both give the same quantity); dout [B, N, H, dv]; grads are overwritten.
-// Work is split over heads (dynamically, when there are enough) or over key tiles (each owns its
-// rows of dk, dv); dq is accumulated per thread and per head, and heads split between threads are
-// summed in thread order, see the .cpp. Deterministic for a given thread count.
+// Work is split over key/value heads with their groups of query heads (dynamically, when there are
+// enough) or over key tiles (each owns its rows of dk, dv); dq is accumulated per thread and per
+// head, and heads split between threads are summed in thread order, see the .cpp. Deterministic for
+// a given thread count; out, lse, dk and dv are the same bits for any thread count.
 void attention_flash_backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
                               const AttentionGrads& grads, const FlashConfig& config = {});
 
@@ -53,9 +62,10 @@ void attention_flash_backward(const AttentionSaved& saved, const Tensor& dout, c
 FlashConfig flash_resolved_config(const FlashConfig& config, const AttentionOptions& options, int64_t d, int64_t n,
                                   bool backward);
 
-// Whether attention_flash_forward / _backward (and the bf16 backward, the same body over bf16
+// Whether attention_flash_forward / _backward (and the bf16 SIMD path, the same bodies over bf16
 // operands) run these variants themselves: H query heads over Hkv key/value heads, soft-capping,
-// ALiBi. (Sinks are applied around them by attention.cpp.)
+// ALiBi. They run all of them, with every mask kind and dropout: always true. (Sinks are applied
+// around them by attention.cpp.)
 bool flash_supports_variants(int64_t H, int64_t Hkv, const AttentionOptions& options);
 
 // The SIMD flavour compiled in: "avx512", "avx2" or "portable".

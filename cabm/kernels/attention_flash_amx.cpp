@@ -2,6 +2,7 @@
 
 #include "cabm/core/error.h"
 #include "cabm/kernels/attention_bf16_packing.h"
+#include "cabm/kernels/attention_bf16_variants.h"
 #include "cabm/kernels/tile_mask.h"
 
 #include <algorithm>
@@ -57,13 +58,14 @@ struct alignas(64) TileConfig {
 // Mp = M rounded up to 16, plus 16: a block of 16·n keys reads P·V 32 keys at a time, so up to
 // 16 keys past its end, where P is 0 and V is zero padding or the next block's (finite) values.
 struct Problem {
-  int64_t B, N, H, M, d, dv;
+  int64_t B, N, H, Hkv, M, d, dv;  // query head h reads key/value head h / (H / Hkv)
   int64_t dp, dvp, Mp;
   int64_t block_k;  // a multiple of 16
   int64_t lds;      // row stride of s, mask (floats) and p (bf16): block_k rounded up to 32
   float qscale;     // scale · log2(e): scores in base 2
   float keep_scale;
   bool dropout;
+  bool variants;  // soft-capping or ALiBi: a pass over each score tile (attention_bf16_variants.h)
 };
 
 // Per-thread buffers; rows kRows. Rows past a short item's end hold stale, finite values: the
@@ -72,6 +74,7 @@ struct Buffers {
   std::vector<bf16> q, p;            // [kRows][dp], [kRows][lds]
   std::vector<float> s, mask, z, o;  // [kRows][lds] (z: [2][lds]), [kRows][dvp]
   std::vector<float> m, l, alpha;    // [kRows]
+  std::vector<int64_t> kpos;         // [lds]: the tile's key positions (ALiBi)
   explicit Buffers(const Problem& pr)
       : q(static_cast<size_t>(kRows * pr.dp), bf16{0}),
         p(static_cast<size_t>(kRows * pr.lds), bf16{0}),
@@ -81,15 +84,17 @@ struct Buffers {
         o(static_cast<size_t>(kRows * pr.dvp), 0.0f),
         m(kRows),
         l(kRows),
-        alpha(kRows) {}
+        alpha(kRows),
+        kpos(pr.variants ? static_cast<size_t>(pr.lds) : 0) {}
 };
 
 struct Args {
   const Tensor &q, &out;
-  const bf16 *kp, *vp;  // packed heads, [B·H][Mp·dp] and [B·H][Mp·dvp]
+  const bf16 *kp, *vp;  // packed key/value heads, [B·Hkv][Mp·dp] and [B·Hkv][Mp·dvp]
   float* lse;
   const AttentionOptions& options;
   const TileMask& mask;
+  const ScoreVariants& variants;
   const Problem& p;
 };
 
@@ -344,9 +349,11 @@ CABM_AMX void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int6
   const int64_t i0 = qt * kRows, ni = std::min(kRows, p.N - i0);
   const int nrt = ni > 16 ? 2 : 1;
   const Range rows{i0, i0 + ni};
-  const bf16* kp = args.kp + (b * p.H + h) * p.Mp * p.dp;
-  const bf16* vp = args.vp + (b * p.H + h) * p.Mp * p.dvp;
+  const int64_t kv_head = b * p.Hkv + h / (p.H / p.Hkv);
+  const bf16* kp = args.kp + kv_head * p.Mp * p.dp;
+  const bf16* vp = args.vp + kv_head * p.Mp * p.dvp;
   const int64_t lds = p.lds;
+  const float qscale = p.variants ? 1.0f : p.qscale;  // the variant pass scales to base 2 itself
 
   const bf16* qs = bf16_head_ptr(args.q, b, h);
   for (int64_t r = 0; r < ni; ++r) std::copy_n(qs + (i0 + r) * args.q.stride(1), p.d, buf.q.data() + r * p.dp);
@@ -377,6 +384,10 @@ CABM_AMX void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int6
     }
 
     scores_amx(buf.q.data(), p.dp, nrt, kp + j0 * p.dp, nk16 / 16, s, lds);
+    if (p.variants) {
+      args.variants.key_positions(j0, nk16, buf.kpos.data());
+      variant_scores_avx512(args.variants, h, i0, ni, buf.kpos.data(), nk16, s, lds);
+    }
     // Row pass, two rows at a time while a block fits in registers; then O = α ∘ O.
     const int rows_at_once = nk16 <= 128 ? 2 : 1;
     for (int64_t r = 0; r < ni; r += rows_at_once) {
@@ -392,10 +403,10 @@ CABM_AMX void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int6
       }
       const float* mrow = mask ? mask + r * lds : nullptr;
       if (nr == 2)
-        softmax_two_rows(s + r * lds, mrow, z, lds, nk16, nk32, p.qscale, buf.p.data() + r * lds, &buf.m[r], &buf.l[r],
+        softmax_two_rows(s + r * lds, mrow, z, lds, nk16, nk32, qscale, buf.p.data() + r * lds, &buf.m[r], &buf.l[r],
                          &buf.alpha[r]);
       else
-        softmax_row_any(s + r * lds, mrow, z, nk16, nk32, p.qscale, buf.p.data() + r * lds, buf.m[r], buf.l[r],
+        softmax_row_any(s + r * lds, mrow, z, nk16, nk32, qscale, buf.p.data() + r * lds, buf.m[r], buf.l[r],
                         buf.alpha[r]);
       for (int64_t u = r; u < r + nr; ++u)
         if (buf.alpha[u] != 1.0f) scale_row(o + u * p.dvp, p.dvp, buf.alpha[u]);
@@ -432,7 +443,8 @@ void attention_flash_bf16_forward_amx(const Tensor& q, const Tensor& k, const Te
                                       const AttentionOptions& options, const Tensor& out, const Tensor* lse,
                                       const FlashConfig& tiles) {
   Problem p{};
-  p.B = q.size(0), p.N = q.size(1), p.H = q.size(2), p.M = k.size(1), p.d = q.size(3), p.dv = v.size(3);
+  p.B = q.size(0), p.N = q.size(1), p.H = q.size(2), p.Hkv = k.size(2), p.M = k.size(1);
+  p.d = q.size(3), p.dv = v.size(3);
   p.dp = round_up(std::max<int64_t>(p.d, 1), 32), p.dvp = round_up(std::max<int64_t>(p.dv, 1), 16);
   p.Mp = round_up(p.M, 16) + 16;
   CABM_CHECK(tiles.block_k > 0 && tiles.block_k % 16 == 0, "AMX forward needs block_k a multiple of 16, got {}",
@@ -442,16 +454,19 @@ void attention_flash_bf16_forward_amx(const Tensor& q, const Tensor& k, const Te
   p.qscale = attention_scale(options, p.d) * kLog2e;
   p.keep_scale = 1.0f / (1.0f - options.dropout);
   p.dropout = options.dropout > 0.0f;
+  const ScoreVariants variants(options, p.N, p.M, p.d);
+  p.variants = variants.active();
   const TileMask mask(options.mask, p.B, p.H, p.N, p.M);
 
-  std::vector<bf16> kp(static_cast<size_t>(p.B * p.H * p.Mp * p.dp));
-  std::vector<bf16> vp(static_cast<size_t>(p.B * p.H * p.Mp * p.dvp));
+  // Once per key/value head: the query heads of a group read the same packed K and V.
+  std::vector<bf16> kp(static_cast<size_t>(p.B * p.Hkv * p.Mp * p.dp));
+  std::vector<bf16> vp(static_cast<size_t>(p.B * p.Hkv * p.Mp * p.dvp));
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < p.B; ++b)
-    for (int64_t h = 0; h < p.H; ++h)
-      pack_kv_head(k, v, b, h, p.Mp, p.dp, p.dvp, kp.data() + (b * p.H + h) * p.Mp * p.dp,
-                   vp.data() + (b * p.H + h) * p.Mp * p.dvp);
-  const Args args{q, out, kp.data(), vp.data(), lse ? lse->data<float>() : nullptr, options, mask, p};
+    for (int64_t h = 0; h < p.Hkv; ++h)
+      pack_kv_head(k, v, b, h, p.Mp, p.dp, p.dvp, kp.data() + (b * p.Hkv + h) * p.Mp * p.dp,
+                   vp.data() + (b * p.Hkv + h) * p.Mp * p.dvp);
+  const Args args{q, out, kp.data(), vp.data(), lse ? lse->data<float>() : nullptr, options, mask, variants, p};
 
   // Head by head, heaviest first within a head (see forward_work_items).
   const std::vector<QueryTileItem> items = forward_work_items(mask, p.H, p.N, kRows, 0, p.B * p.H);

@@ -10,17 +10,18 @@
 //              A: 16 rows of P × 32 keys bf16; B: 16 key pairs × 16 columns × 2, i.e. V packed
 //              [Mp/2][dvp][2].
 // Register blocking 2 × 2: four C tiles, two A, two B; a work item is 32 query rows of one head.
-// K and V are packed once per call, per (b, h). Key blocks follow the resolved block_k (a multiple
-// of 16) exactly as the other paths do: P is rounded relative to the running maximum of the blocks
-// seen so far, so the key blocking decides the roundings; the query blocking does not (rows are
-// independent), which lets this path take 32 rows per item whatever block_q is.
+// K and V are packed once per call, per key/value head (b, hk). Key blocks follow the resolved
+// block_k (a multiple of 16) exactly as the other paths do: P is rounded relative to the running
+// maximum of the blocks seen so far, so the key blocking decides the roundings; the query blocking
+// does not (rows are independent), which lets this path take 32 rows per item whatever block_q is.
 #pragma once
 
 #include "cabm/kernels/attention_flash.h"
 
 namespace cabm::detail {
 
-// q [B, N, H, d], k [B, M, H, d], v [B, M, H, dv] BF16, out [B, N, H, dv] F32, lse null or F32
+// q [B, N, H, d], k [B, M, Hkv, d], v [B, M, Hkv, dv] BF16 (H a multiple of Hkv; soft-capping and
+// ALiBi as attention_bf16_variants.h), out [B, N, H, dv] F32, lse null or F32
 // [B, H, N]: shapes checked by the caller; tiles resolved, block_k a multiple of 16. Only to be
 // called when bf16_amx_active() (bf16.h); B·H·N > 0.
 void attention_flash_bf16_forward_amx(const Tensor& q, const Tensor& k, const Tensor& v,

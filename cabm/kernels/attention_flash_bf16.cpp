@@ -1,5 +1,7 @@
 #include "cabm/kernels/attention_flash_bf16.h"
+#include "cabm/kernels/attention_bf16_avx512.h"
 #include "cabm/kernels/attention_bf16_packing.h"
+#include "cabm/kernels/attention_bf16_variants.h"
 #include "cabm/kernels/attention_flash_amx.h"
 #include "cabm/kernels/attention_flash_detail.h"
 #include "cabm/kernels/tile_mask.h"
@@ -12,11 +14,6 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__x86_64__)
-#include "cabm/kernels/x86_intrinsics.h"
-#define CABM_HAVE_AVX512_BF16_CODE 1
-#endif
-
 namespace cabm {
 namespace {
 
@@ -27,23 +24,22 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
 // ---------------------------------------------------------------------------------------------
-// Packed layouts (all bf16, zero padded), per head:
+// Packed layouts (all bf16, zero padded), per key/value head (attention_bf16_packing.h; the
+// avx512_bf16 products are in attention_bf16_avx512.h):
 //   K  [Mp/16][dp/2][16][2]: block of 16 keys, then pairs of head-dim elements, key, element.
-//      One zmm = one pair of head-dim elements for 16 keys: vdpbf16ps against a broadcast pair of
-//      a Q row gives 16 partial scores.
-//   V  [Mp/2][dvp][2]: pair of keys, column, key. One zmm = two keys for 16 columns: vdpbf16ps
-//      against a broadcast pair of a P row adds p_j·v_j + p_j+1·v_j+1 to 16 output columns.
+//   V  [Mp/2][dvp][2]: pair of keys, column, key.
 //   Q  tile [bq][dp], P tile [bq][ldp]: rows of pairs, read as 32-bit words and broadcast.
 // Mp = M rounded up to 16, dp = d rounded up to 2, dvp = dv rounded up to 16.
 
 struct Problem {
-  int64_t B, N, H, M, d, dv;
+  int64_t B, N, H, Hkv, M, d, dv;  // query head h reads key/value head h / (H / Hkv)
   int64_t dp, dvp, Mp;
   int64_t block_q, block_k;  // block_k a multiple of 16
   float qscale;              // scale · log2(e): scores in base 2
   float keep_scale;
   bool dropout;
   bool avx512;
+  bool variants;  // soft-capping or ALiBi: a pass over each score tile (attention_bf16_variants.h)
 };
 
 using detail::bf16_head_ptr;
@@ -106,141 +102,6 @@ void softmax_rows_portable(float* s, int64_t lds, int64_t ni, int64_t nk16, cons
   }
 }
 
-// ---------------------------------------------------------------------------------------------
-// AVX-512 BF16 products.
-
-#if defined(CABM_HAVE_AVX512_BF16_CODE)
-#define CABM_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
-#pragma GCC diagnostic push
-#ifndef __clang__  // a GCC-only warning group; clang warns about the unknown name
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-
-CABM_AVX512_BF16 inline __m512 dot2(__m512 acc, __m512i a, __m512i b) {
-  return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
-}
-CABM_AVX512_BF16 inline __m512i broadcast_pair(const bf16* p) {
-  uint32_t w;
-  std::memcpy(&w, p, 4);
-  return _mm512_set1_epi32(static_cast<int>(w));
-}
-
-// MR rows × NV vectors of 16 scores; k over pairs of head-dim elements.
-template <int MR, int NV>
-CABM_AVX512_BF16 void scores_block(const bf16* qp, int64_t dp, const bf16* kblock, float* s, int64_t lds) {
-  __m512 acc[MR][NV];
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
-  const int64_t pairs = dp / 2, block_stride = pairs * kKeyBlock * 2;
-  for (int64_t c = 0; c < pairs; ++c) {
-    __m512i b[NV];
-    for (int v = 0; v < NV; ++v) b[v] = _mm512_loadu_si512(kblock + v * block_stride + c * kKeyBlock * 2);
-    for (int r = 0; r < MR; ++r) {
-      const __m512i a = broadcast_pair(qp + r * dp + 2 * c);
-      for (int v = 0; v < NV; ++v) acc[r][v] = dot2(acc[r][v], a, b[v]);
-    }
-  }
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(s + r * lds + v * 16, acc[r][v]);
-}
-
-template <int MR>
-CABM_AVX512_BF16 void scores_rows(const bf16* qp, int64_t dp, const bf16* kp, int64_t nb, float* s, int64_t lds) {
-  const int64_t block_stride = dp / 2 * kKeyBlock * 2;
-  int64_t v = 0;
-  for (; v + 4 <= nb; v += 4) scores_block<MR, 4>(qp, dp, kp + v * block_stride, s + v * 16, lds);
-  for (; v < nb; ++v) scores_block<MR, 1>(qp, dp, kp + v * block_stride, s + v * 16, lds);
-}
-
-CABM_AVX512_BF16 void scores_avx512(const bf16* qp, int64_t ni, const bf16* kp, int64_t j0, int64_t nk16,
-                                    const Problem& p, float* s, int64_t lds) {
-  const bf16* kb = kp + (j0 / kKeyBlock) * (p.dp / 2) * kKeyBlock * 2;
-  const int64_t nb = nk16 / kKeyBlock;
-  int64_t r = 0;
-  for (; r + 6 <= ni; r += 6) scores_rows<6>(qp + r * p.dp, p.dp, kb, nb, s + r * lds, lds);
-  for (; r < ni; ++r) scores_rows<1>(qp + r * p.dp, p.dp, kb, nb, s + r * lds, lds);
-}
-
-// MR rows × NV vectors of 16 output columns, k over pairs of keys.
-template <int MR, int NV>
-CABM_AVX512_BF16 void pv_block(const bf16* pt, int64_t ldp, const bf16* vcols, int64_t dvp, int64_t pairs, float* o,
-                               int64_t ldo) {
-  __m512 acc[MR][NV];
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_loadu_ps(o + r * ldo + v * 16);
-  for (int64_t t = 0; t < pairs; ++t) {
-    __m512i b[NV];
-    for (int v = 0; v < NV; ++v) b[v] = _mm512_loadu_si512(vcols + t * dvp * 2 + v * 32);
-    for (int r = 0; r < MR; ++r) {
-      const __m512i a = broadcast_pair(pt + r * ldp + 2 * t);
-      for (int v = 0; v < NV; ++v) acc[r][v] = dot2(acc[r][v], a, b[v]);
-    }
-  }
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(o + r * ldo + v * 16, acc[r][v]);
-}
-
-template <int MR>
-CABM_AVX512_BF16 void pv_rows(const bf16* pt, int64_t ldp, const bf16* vp, int64_t dvp, int64_t pairs, float* o,
-                              int64_t ldo) {
-  const int64_t nv = dvp / 16;
-  int64_t v = 0;
-  for (; v + 4 <= nv; v += 4) pv_block<MR, 4>(pt, ldp, vp + v * 32, dvp, pairs, o + v * 16, ldo);
-  for (; v < nv; ++v) pv_block<MR, 1>(pt, ldp, vp + v * 32, dvp, pairs, o + v * 16, ldo);
-}
-
-CABM_AVX512_BF16 void pv_avx512(const bf16* pt, int64_t ldp, int64_t ni, const bf16* vp, int64_t j0, int64_t nk2,
-                                const Problem& p, float* o, int64_t ldo) {
-  const bf16* vb = vp + v_index(j0, 0, p.dvp);
-  const int64_t pairs = nk2 / 2;
-  int64_t r = 0;
-  for (; r + 6 <= ni; r += 6) pv_rows<6>(pt + r * ldp, ldp, vb, p.dvp, pairs, o + r * ldo, ldo);
-  for (; r < ni; ++r) pv_rows<1>(pt + r * ldp, ldp, vb, p.dvp, pairs, o + r * ldo, ldo);
-}
-
-// 2^x for x <= 0 (−inf → 0): the Cephes exp2f polynomial of attention_simd.h (copied: that header
-// picks its ISA at compile time, and this code is compiled for AVX-512 by attribute only).
-CABM_AVX512_BF16 inline __m512 exp2_nonpositive(__m512 x) {
-  static constexpr float kPoly[6] = {1.535336188319500e-4f, 1.339887440266574e-3f, 9.618437357674640e-3f,
-                                     5.550332471162809e-2f, 2.402264791363012e-1f, 6.931472028550421e-1f};
-  const __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-127.0f));
-  const __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(xc, n);
-  __m512 poly = _mm512_set1_ps(kPoly[0]);
-  for (int c = 1; c < 6; ++c) poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(kPoly[c]));
-  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(1.0f));
-  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
-  return _mm512_maskz_scalef_ps(live, poly, n);
-}
-
-CABM_AVX512_BF16 void softmax_rows_avx512(float* s, int64_t lds, int64_t ni, int64_t nk16, const float* mask,
-                                          float qscale, float* m, float* l, float* alpha) {
-  const __m512 qs = _mm512_set1_ps(qscale);
-  for (int64_t r = 0; r < ni; ++r) {
-    float* x = s + r * lds;
-    __m512 vmax = _mm512_set1_ps(-INFINITY);
-    for (int64_t c = 0; c < nk16; c += 16) {
-      __m512 t = _mm512_mul_ps(_mm512_loadu_ps(x + c), qs);
-      if (mask) t = _mm512_add_ps(t, _mm512_loadu_ps(mask + r * lds + c));
-      _mm512_storeu_ps(x + c, t);
-      vmax = _mm512_max_ps(vmax, t);
-    }
-    const float m_new = std::max(m[r], _mm512_reduce_max_ps(vmax));
-    const __m512 mv = _mm512_set1_ps(m_new);
-    __m512 vsum = _mm512_setzero_ps();
-    for (int64_t c = 0; c < nk16; c += 16) {
-      const __m512 e = exp2_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(x + c), mv));
-      _mm512_storeu_ps(x + c, e);
-      vsum = _mm512_add_ps(vsum, e);
-    }
-    alpha[r] = std::exp2(m[r] - m_new);
-    l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(vsum);
-    m[r] = m_new;
-  }
-}
-
-#pragma GCC diagnostic pop
-#endif
 
 // ---------------------------------------------------------------------------------------------
 // Forward. One work item is (b, h, query tile); rows are queries, lanes are keys (scores) or
@@ -252,6 +113,7 @@ struct Buffers {
   std::vector<float> s, mask, z;   // [bq][lds]
   std::vector<float> o;            // [bq][ldo]
   std::vector<float> m, l, alpha;  // [bq]
+  std::vector<int64_t> kpos;       // [lds]: the tile's key positions (ALiBi)
   explicit Buffers(const Problem& pr)
       : lds(round_up(pr.block_k, kKeyBlock)),
         ldp(lds),
@@ -264,15 +126,17 @@ struct Buffers {
         o(static_cast<size_t>(pr.block_q * ldo)),
         m(static_cast<size_t>(pr.block_q)),
         l(static_cast<size_t>(pr.block_q)),
-        alpha(static_cast<size_t>(pr.block_q)) {}
+        alpha(static_cast<size_t>(pr.block_q)),
+        kpos(pr.variants ? static_cast<size_t>(lds) : 0) {}
 };
 
 struct Args {
   const Tensor &q, &out;
-  const bf16 *kp, *vp;  // packed heads, [B·H][Mp·dp] and [B·H][Mp·dvp]
+  const bf16 *kp, *vp;  // packed key/value heads, [B·Hkv][Mp·dp] and [B·Hkv][Mp·dvp]
   float* lse;
   const AttentionOptions& options;
   const TileMask& mask;
+  const detail::ScoreVariants& variants;
   const Problem& p;
 };
 
@@ -280,8 +144,10 @@ void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int64_t h, in
   const Problem& p = args.p;
   const int64_t i0 = qt * p.block_q, ni = std::min(p.block_q, p.N - i0);
   const Range rows{i0, i0 + ni};
-  const bf16* kp = args.kp + (b * p.H + h) * p.Mp * p.dp;
-  const bf16* vp = args.vp + (b * p.H + h) * p.Mp * p.dvp;
+  const int64_t kv_head = b * p.Hkv + h / (p.H / p.Hkv);
+  const bf16* kp = args.kp + kv_head * p.Mp * p.dp;
+  const bf16* vp = args.vp + kv_head * p.Mp * p.dvp;
+  const float qscale = p.variants ? 1.0f : p.qscale;  // the variant pass scales to base 2 itself
 
   const bf16* qs = bf16_head_ptr(args.q, b, h);
   for (int64_t r = 0; r < ni; ++r) {
@@ -314,18 +180,21 @@ void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int64_t h, in
       mask = mt;
     }
 
-    // S = Q Kᵀ (fp32 accumulation), then per row: base-2 scaling and mask, running maximum,
-    // P = exp2(S − m) in fp32, l = alpha·l + Σ P in fp32.
+    // S = Q Kᵀ (fp32 accumulation), the variants (soft-cap, ALiBi), then per row: base-2 scaling
+    // and mask, running maximum, P = exp2(S − m) in fp32, l = alpha·l + Σ P in fp32.
     float *m = buf.m.data(), *l = buf.l.data(), *alpha = buf.alpha.data();
+    if (p.variants) args.variants.key_positions(j0, nk16, buf.kpos.data());
 #if defined(CABM_HAVE_AVX512_BF16_CODE)
     if (p.avx512) {
-      scores_avx512(buf.q.data(), ni, kp, j0, nk16, p, s, buf.lds);
-      softmax_rows_avx512(s, buf.lds, ni, nk16, mask, p.qscale, m, l, alpha);
+      detail::scores_avx512(buf.q.data(), ni, kp, j0, nk16, p.dp, s, buf.lds);
+      if (p.variants) detail::variant_scores_avx512(args.variants, h, i0, ni, buf.kpos.data(), nk16, s, buf.lds);
+      detail::softmax_rows_avx512(s, buf.lds, ni, nk16, mask, qscale, m, l, alpha);
     } else
 #endif
     {
       scores_portable(buf.q.data(), ni, kp, j0, nk16, p, s, buf.lds);
-      softmax_rows_portable(s, buf.lds, ni, nk16, mask, p.qscale, m, l, alpha);
+      if (p.variants) detail::variant_scores_portable(args.variants, h, i0, ni, buf.kpos.data(), nk16, s, buf.lds);
+      softmax_rows_portable(s, buf.lds, ni, nk16, mask, qscale, m, l, alpha);
     }
     // Dropout scales the weights that meet V, not l (the reference drops after normalising).
     if (p.dropout) {
@@ -343,7 +212,7 @@ void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int64_t h, in
         for (int64_t c = 0; c < buf.ldo; ++c) o[r * buf.ldo + c] *= alpha[r];
     }
 #if defined(CABM_HAVE_AVX512_BF16_CODE)
-    if (p.avx512) pv_avx512(buf.p.data(), buf.ldp, ni, vp, j0, nk2, p, o, buf.ldo);
+    if (p.avx512) detail::pv_avx512(buf.p.data(), buf.ldp, ni, vp, j0, nk2, p.dvp, o, buf.ldo);
     else
 #endif
       pv_portable(buf.p.data(), buf.ldp, ni, vp, j0, nk2, p, o, buf.ldo);
@@ -361,13 +230,13 @@ void check_shapes(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   if (!out.defined() || out.dim() != 4 || out.dtype() != DType::F32 || out.stride(3) != 1)
     throw Error("attention_flash_bf16: out must be an F32 rank-4 tensor with unit last stride");
   const int64_t B = q.size(0), N = q.size(1), H = q.size(2), d = q.size(3);
-  const int64_t M = k.size(1), dv = v.size(3);
-  if (k.size(0) != B || k.size(2) != H || k.size(3) != d)
-    throw Error(fmt::format("attention_flash_bf16: k has shape {}, expected [{}, M, {}, {}]", shape_str(k.shape()), B,
-                            H, d));
-  if (v.size(0) != B || v.size(1) != M || v.size(2) != H)
+  const int64_t M = k.size(1), Hkv = k.size(2), dv = v.size(3);
+  if (k.size(0) != B || Hkv < 1 || H % Hkv != 0 || k.size(3) != d)
+    throw Error(fmt::format("attention_flash_bf16: k has shape {}, expected [{}, M, Hkv, {}] with Hkv dividing {}",
+                            shape_str(k.shape()), B, d, H));
+  if (v.size(0) != B || v.size(1) != M || v.size(2) != Hkv)
     throw Error(fmt::format("attention_flash_bf16: v has shape {}, expected [{}, {}, {}, dv]", shape_str(v.shape()), B,
-                            M, H));
+                            M, Hkv));
   if (out.shape() != Shape{B, N, H, dv})
     throw Error(fmt::format("attention_flash_bf16: out has shape {}, expected {}", shape_str(out.shape()),
                             shape_str({B, N, H, dv})));
@@ -376,18 +245,20 @@ void check_shapes(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
 // ---------------------------------------------------------------------------------------------
 // Backward, portable path: FlashAttention-2's backward (Dao 2023, Algorithm 2) in scalar fp32 on
 // the head widened to fp32 (exact), one element (query i, key j) at a time. With s the scores in
-// base 2, z the dropout factor (keep/(1 − p) or 0, 1 without dropout) and bf16(·) the rounding to
-// the nearest bf16 value (the derivation of each gradient is in attention_reference.cpp):
+// base 2 (soft-capped and with ALiBi as in the forward), z the dropout factor (keep/(1 − p) or 0,
+// 1 without dropout), g_ij = 1 − tanh²(t_ij/c) the soft-cap's derivative (1 without it) and
+// bf16(·) the rounding to the nearest bf16 value (the derivation is in attention_reference.cpp):
 //
 //   P_ij  = exp2(s_ij − lse2_i)               fp32, from the forward's lse (no second softmax pass)
 //   dV_j += bf16(P_ij z_ij) · bf16(dO_i)
 //   dP_ij = z_ij · bf16(dO_i) · v_j
-//   dS_ij = P_ij (dP_ij − D_i),   D_i = dO_i · O_i in fp32
-//   dQ_i += scale · bf16(dS_ij) k_j,    dK_j += scale · bf16(dS_ij) q_i
+//   dT_ij = P_ij (dP_ij − D_i) g_ij,   D_i = dO_i · O_i in fp32
+//   dQ_i += scale · bf16(dT_ij) k_j,    dK_j += scale · bf16(dT_ij) q_i
 //
-// Key tiles in order, query tiles in order within each, tiles skipped where the mask blocks them
-// entirely. One work item is a whole (b, h), so every gradient element has one writer and a fixed
-// order of sums: the result is bitwise the same for any thread count.
+// One work item is a key/value head (b, hk) with its query heads h in order (GQA: dK and dV sum
+// over them); per query head, key tiles in order, query tiles in order within each, tiles skipped
+// where the mask blocks them entirely. Every gradient element has one writer and a fixed order of
+// sums: the result is bitwise the same for any thread count.
 
 float round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
 
@@ -397,7 +268,7 @@ float* f32_row(const Tensor& t, int64_t b, int64_t i, int64_t h) {
 }
 
 struct BackwardProblem {
-  int64_t B, N, H, M, d, dv;
+  int64_t B, N, H, Hkv, M, d, dv;
   int64_t block_q, block_k;
   float scale, keep_scale;
   bool dropout;
@@ -409,13 +280,16 @@ struct BackwardArgs {
   const AttentionGrads& grads;
   const AttentionOptions& options;
   const TileMask& mask;
+  const detail::ScoreVariants& variants;
   const BackwardProblem& p;
 };
 
-// Per-thread buffers: the head widened to fp32 ([N][d], [M][d], [M][dv], dO as bf16 values [N][dv]),
-// lse2 and D per query row, dq accumulator [N][d], one key tile's dk, dv and one mask tile.
+// Per-thread buffers: the heads widened to fp32 ([N][d], [M][d], [M][dv], dO as bf16 values
+// [N][dv]), lse2 and D per query row, the dq accumulator [N][d], the key/value head's dk and dv
+// accumulators [M][d], [M][dv], one mask tile, dropout factors and key positions of a tile.
 struct BackwardBuffers {
   std::vector<float> q, k, v, g, lse2, delta, dq, dk, dv, mask, z;
+  std::vector<int64_t> kpos;
   explicit BackwardBuffers(const BackwardProblem& p)
       : q(static_cast<size_t>(p.N * p.d)),
         k(static_cast<size_t>(p.M * p.d)),
@@ -424,19 +298,20 @@ struct BackwardBuffers {
         lse2(static_cast<size_t>(p.N)),
         delta(static_cast<size_t>(p.N)),
         dq(static_cast<size_t>(p.N * p.d)),
-        dk(static_cast<size_t>(p.block_k * p.d)),
-        dv(static_cast<size_t>(p.block_k * p.dv)),
+        dk(static_cast<size_t>(p.M * p.d)),
+        dv(static_cast<size_t>(p.M * p.dv)),
         mask(static_cast<size_t>(p.block_q * p.block_k)),
-        z(static_cast<size_t>(p.block_k)) {}
+        z(static_cast<size_t>(p.block_k)),
+        kpos(static_cast<size_t>(p.block_k)) {}
 };
 
-void backward_head_portable(const BackwardArgs& args, BackwardBuffers& buf, int64_t b, int64_t h) {
+// Query head h's share of the gradients: dq of its rows (written), dk and dv added to buf.dk, buf.dv.
+void backward_query_head_portable(const BackwardArgs& args, BackwardBuffers& buf, int64_t b, int64_t h) {
   const BackwardProblem& p = args.p;
+  const detail::ScoreVariants& variants = args.variants;
   const int64_t N = p.N, M = p.M, d = p.d, dv = p.dv;
-  const Tensor &q = args.saved.q, &k = args.saved.k, &v = args.saved.v, &o = args.saved.out;
+  const Tensor &q = args.saved.q, &o = args.saved.out;
   bf16_to_float_2d(bf16_head_ptr(q, b, h), q.stride(1), buf.q.data(), d, N, d);
-  bf16_to_float_2d(bf16_head_ptr(k, b, h), k.stride(1), buf.k.data(), d, M, d);
-  bf16_to_float_2d(bf16_head_ptr(v, b, h), v.stride(1), buf.v.data(), dv, M, dv);
   const float* lse = args.saved.lse.data<float>() + (b * p.H + h) * N;
   for (int64_t i = 0; i < N; ++i) {
     const float *gi = f32_row(args.dout, b, i, h), *oi = f32_row(o, b, i, h);
@@ -449,14 +324,13 @@ void backward_head_portable(const BackwardArgs& args, BackwardBuffers& buf, int6
     buf.lse2[i] = lse[i] == -INFINITY ? INFINITY : lse[i] * kLog2e;  // +inf: P = 0 on fully masked rows
   }
   std::fill(buf.dq.begin(), buf.dq.end(), 0.0f);
-  const float qscale = p.scale * kLog2e;
+  const float qscale = p.scale * kLog2e, cap = variants.cap(), slope = variants.slope(h);
   const DropoutMatrix dropout(args.options, b, h, p.H, M);
 
   for (int64_t j0 = 0; j0 < M; j0 += p.block_k) {
     const int64_t nk = std::min(p.block_k, M - j0);
     const Range keys{j0, j0 + nk};
-    std::fill_n(buf.dk.begin(), nk * d, 0.0f);
-    std::fill_n(buf.dv.begin(), nk * dv, 0.0f);
+    if (slope != 0.0f) variants.key_positions(j0, nk, buf.kpos.data());
     const Range query_range = args.mask.query_range(b, keys);
     for (int64_t i0 = query_range.begin / p.block_q * p.block_q; i0 < query_range.end; i0 += p.block_q) {
       const int64_t ni = std::min(p.block_q, N - i0);
@@ -469,6 +343,7 @@ void backward_head_portable(const BackwardArgs& args, BackwardBuffers& buf, int6
         const float* qi = buf.q.data() + i * d;
         const float* gi = buf.g.data() + i * dv;
         float* dqi = buf.dq.data() + i * d;
+        const int64_t qpos = variants.query_position(i);
         if (p.dropout) dropout.fill_row(i, j0, j0 + nk, p.keep_scale, buf.z.data(), 1);
         for (int64_t c = 0; c < nk; ++c) {
           const int64_t j = j0 + c;
@@ -476,30 +351,38 @@ void backward_head_portable(const BackwardArgs& args, BackwardBuffers& buf, int6
           const float* vj = buf.v.data() + j * dv;
           float score = 0.0f;
           for (int64_t e = 0; e < d; ++e) score += qi[e] * kj[e];
+          float cap_grad = 1.0f;  // dt/du of the soft-cap
+          if (variants.active()) {  // as variant_scores_portable, then base 2
+            float t = score * p.scale;
+            if (cap > 0.0f) {
+              const float th = std::tanh(t / cap);
+              t = cap * th;
+              cap_grad = 1.0f - th * th;
+            }
+            if (slope != 0.0f) t -= slope * static_cast<float>(std::llabs(qpos - buf.kpos[c]));
+            score = t * kLog2e;
+          } else {
+            score *= qscale;
+          }
           const float bias = kind == TileKind::kPartial ? buf.mask[r * nk + c] : 0.0f;
           // Recomputed scores may exceed lse by rounding: clamp, P <= 1.
-          const float prob = std::exp2(std::min(score * qscale + bias - buf.lse2[i], 0.0f));
+          const float prob = std::exp2(std::min(score + bias - buf.lse2[i], 0.0f));
           if (prob == 0.0f) continue;  // masked (or underflowed): no gradient at all
           const float z = p.dropout ? buf.z[c] : 1.0f;
           float dprob = 0.0f;
           for (int64_t e = 0; e < dv; ++e) dprob += gi[e] * vj[e];
           dprob *= z;
           const float pz = round_bf16(prob * z);
-          const float ds = round_bf16(prob * (dprob - buf.delta[i]));
-          float* dkj = buf.dk.data() + c * d;
-          float* dvj = buf.dv.data() + c * dv;
+          const float dt = round_bf16(prob * (dprob - buf.delta[i]) * cap_grad);
+          float* dkj = buf.dk.data() + j * d;
+          float* dvj = buf.dv.data() + j * dv;
           for (int64_t e = 0; e < dv; ++e) dvj[e] += pz * gi[e];
           for (int64_t e = 0; e < d; ++e) {
-            dqi[e] += ds * kj[e];
-            dkj[e] += ds * qi[e];
+            dqi[e] += dt * kj[e];
+            dkj[e] += dt * qi[e];
           }
         }
       }
-    }
-    for (int64_t c = 0; c < nk; ++c) {
-      float* dkrow = f32_row(args.grads.dk, b, j0 + c, h);
-      for (int64_t e = 0; e < d; ++e) dkrow[e] = buf.dk[c * d + e] * p.scale;
-      std::copy_n(buf.dv.begin() + c * dv, dv, f32_row(args.grads.dv, b, j0 + c, h));
     }
   }
   for (int64_t i = 0; i < N; ++i) {
@@ -508,24 +391,41 @@ void backward_head_portable(const BackwardArgs& args, BackwardBuffers& buf, int6
   }
 }
 
+void backward_kv_head_portable(const BackwardArgs& args, BackwardBuffers& buf, int64_t b, int64_t hk) {
+  const BackwardProblem& p = args.p;
+  const Tensor &k = args.saved.k, &v = args.saved.v;
+  bf16_to_float_2d(bf16_head_ptr(k, b, hk), k.stride(1), buf.k.data(), p.d, p.M, p.d);
+  bf16_to_float_2d(bf16_head_ptr(v, b, hk), v.stride(1), buf.v.data(), p.dv, p.M, p.dv);
+  std::fill(buf.dk.begin(), buf.dk.end(), 0.0f);
+  std::fill(buf.dv.begin(), buf.dv.end(), 0.0f);
+  const int64_t group = p.H / p.Hkv;
+  for (int64_t h = hk * group; h < (hk + 1) * group; ++h) backward_query_head_portable(args, buf, b, h);
+  for (int64_t j = 0; j < p.M; ++j) {
+    float* dkrow = f32_row(args.grads.dk, b, j, hk);
+    for (int64_t e = 0; e < p.d; ++e) dkrow[e] = buf.dk[j * p.d + e] * p.scale;
+    std::copy_n(buf.dv.begin() + j * p.dv, p.dv, f32_row(args.grads.dv, b, j, hk));
+  }
+}
+
 void attention_flash_bf16_backward_portable(const AttentionSaved& saved, const Tensor& dout,
                                             const AttentionOptions& options, const AttentionGrads& grads,
                                             const FlashConfig& config) {
   const FlashConfig tiles = flash_resolved_config(config, options, saved.q.size(3), saved.q.size(1), true);
   BackwardProblem p{};
-  p.B = saved.q.size(0), p.N = saved.q.size(1), p.H = saved.q.size(2), p.M = saved.k.size(1);
-  p.d = saved.q.size(3), p.dv = saved.v.size(3);
+  p.B = saved.q.size(0), p.N = saved.q.size(1), p.H = saved.q.size(2), p.Hkv = saved.k.size(2);
+  p.M = saved.k.size(1), p.d = saved.q.size(3), p.dv = saved.v.size(3);
   p.block_q = tiles.block_q, p.block_k = tiles.block_k;
   p.scale = attention_scale(options, p.d);
   p.keep_scale = 1.0f / (1.0f - options.dropout);
   p.dropout = options.dropout > 0.0f;
   const TileMask mask(options.mask, p.B, p.H, p.N, p.M);
-  const BackwardArgs args{saved, dout, grads, options, mask, p};
+  const detail::ScoreVariants variants(options, p.N, p.M, p.d);
+  const BackwardArgs args{saved, dout, grads, options, mask, variants, p};
 #pragma omp parallel
   {
     BackwardBuffers buf(p);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t hd = 0; hd < p.B * p.H; ++hd) backward_head_portable(args, buf, hd / p.H, hd % p.H);
+    for (int64_t hd = 0; hd < p.B * p.Hkv; ++hd) backward_kv_head_portable(args, buf, hd / p.Hkv, hd % p.Hkv);
   }
 }
 
@@ -584,8 +484,12 @@ void check_backward_shapes(const AttentionSaved& saved, const Tensor& dout, cons
 }  // namespace
 
 bool flash_bf16_supports_variants(int64_t H, int64_t Hkv, const AttentionOptions& options, bool backward) {
-  (void)backward;
-  return H == Hkv && options.softcap == 0.0f && options.alibi_slopes.empty();
+  if (Hkv < 1 || H % Hkv != 0) return false;
+  // The backward's paths are the fp32 SIMD tiles (attention_flash.cpp) and the portable one here,
+  // which runs every variant; a process may take either (the override), so both must.
+  if (backward) return flash_supports_variants(H, Hkv, options);
+  // The forward's own paths (amx_bf16, avx512_bf16, portable) run every variant.
+  return forward_path() != Path::kSimdFp32 || flash_supports_variants(H, Hkv, options);
 }
 
 const char* attention_flash_bf16_path() { return path_name(forward_path()); }
@@ -595,8 +499,14 @@ void attention_flash_bf16_backward(const AttentionSaved& saved, const Tensor& do
                                    const AttentionGrads& grads, const FlashConfig& config) {
   check_backward_shapes(saved, dout, grads);
   CABM_CHECK(options.dropout >= 0.0f && options.dropout < 1.0f, "dropout {} outside [0, 1)", options.dropout);
+  check_attention_variants(options, saved.q.size(2), saved.q.size(1), saved.k.size(1));
+  const bool simd = backward_path() == Path::kSimdFp32;
+  CABM_CHECK(!simd || flash_supports_variants(saved.q.size(2), saved.k.size(2), options),
+             "attention_flash_bf16_backward on path {}: these variants (GQA, soft-cap, ALiBi) take the reference "
+             "kernel (attention_backward)",
+             attention_flash_bf16_backward_path());
   if (saved.q.size(0) * saved.q.size(2) == 0) return;
-  if (backward_path() == Path::kSimdFp32) {
+  if (simd) {
     detail::attention_flash_bf16_backward_simd(saved, dout, options, grads, config);
   } else {
     attention_flash_bf16_backward_portable(saved, dout, options, grads, config);
@@ -607,6 +517,11 @@ void attention_flash_bf16_forward(const Tensor& q, const Tensor& k, const Tensor
                                   const Tensor& out, const Tensor* lse, const FlashConfig& config) {
   check_shapes(q, k, v, out);
   CABM_CHECK(options.dropout >= 0.0f && options.dropout < 1.0f, "dropout {} outside [0, 1)", options.dropout);
+  check_attention_variants(options, q.size(2), q.size(1), k.size(1));
+  CABM_CHECK(flash_bf16_supports_variants(q.size(2), k.size(2), options, false),
+             "attention_flash_bf16_forward on path {}: these variants (GQA, soft-cap, ALiBi) take the reference "
+             "kernel (attention_forward)",
+             attention_flash_bf16_path());
   // Tiles resolved once for every path: P is rounded relative to the running maximum of the tiles
   // seen so far, so paths that tiled differently would round differently.
   FlashConfig tiles = flash_resolved_config(config, options, q.size(3), q.size(1), false);
@@ -617,13 +532,16 @@ void attention_flash_bf16_forward(const Tensor& q, const Tensor& k, const Tensor
     return;
   }
   Problem p{};
-  p.B = q.size(0), p.N = q.size(1), p.H = q.size(2), p.M = k.size(1), p.d = q.size(3), p.dv = v.size(3);
+  p.B = q.size(0), p.N = q.size(1), p.H = q.size(2), p.Hkv = k.size(2), p.M = k.size(1);
+  p.d = q.size(3), p.dv = v.size(3);
   p.dp = round_up(p.d, 2), p.dvp = round_up(std::max<int64_t>(p.dv, 1), 16), p.Mp = round_up(p.M, kKeyBlock);
   p.block_q = tiles.block_q, p.block_k = tiles.block_k;
   p.qscale = attention_scale(options, p.d) * kLog2e;
   p.keep_scale = 1.0f / (1.0f - options.dropout);
   p.dropout = options.dropout > 0.0f;
   p.avx512 = path == Path::kAvx512Bf16;
+  const detail::ScoreVariants variants(options, p.N, p.M, p.d);
+  p.variants = variants.active();
   if (lse)
     CABM_CHECK(lse->dtype() == DType::F32 && lse->shape() == (Shape{p.B, p.H, p.N}) && lse->is_contiguous(),
                "lse must be a contiguous F32 [B, H, N] tensor, got {}", shape_str(lse->shape()));
@@ -634,14 +552,15 @@ void attention_flash_bf16_forward(const Tensor& q, const Tensor& k, const Tensor
   }
   const TileMask mask(options.mask, p.B, p.H, p.N, p.M);
 
-  std::vector<bf16> kp(static_cast<size_t>(p.B * p.H * p.Mp * p.dp));
-  std::vector<bf16> vp(static_cast<size_t>(p.B * p.H * p.Mp * p.dvp));
+  // Once per key/value head: the query heads of a group read the same packed K and V.
+  std::vector<bf16> kp(static_cast<size_t>(p.B * p.Hkv * p.Mp * p.dp));
+  std::vector<bf16> vp(static_cast<size_t>(p.B * p.Hkv * p.Mp * p.dvp));
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < p.B; ++b)
-    for (int64_t h = 0; h < p.H; ++h)
-      detail::pack_kv_head(k, v, b, h, p.Mp, p.dp, p.dvp, kp.data() + (b * p.H + h) * p.Mp * p.dp,
-                           vp.data() + (b * p.H + h) * p.Mp * p.dvp);
-  const Args args{q, out, kp.data(), vp.data(), lse ? lse->data<float>() : nullptr, options, mask, p};
+    for (int64_t h = 0; h < p.Hkv; ++h)
+      detail::pack_kv_head(k, v, b, h, p.Mp, p.dp, p.dvp, kp.data() + (b * p.Hkv + h) * p.Mp * p.dp,
+                           vp.data() + (b * p.Hkv + h) * p.Mp * p.dvp);
+  const Args args{q, out, kp.data(), vp.data(), lse ? lse->data<float>() : nullptr, options, mask, variants, p};
 
   // Head by head, heaviest first within a head (see forward_work_items).
   const std::vector<QueryTileItem> items = forward_work_items(mask, p.H, p.N, p.block_q, 0, p.B * p.H);

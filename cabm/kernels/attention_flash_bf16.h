@@ -27,13 +27,20 @@
 //                set_bf16_isa_override(Bf16Isa::kPortable) or CABM_FORCE_PORTABLE=1.
 // All paths round the same operands to bf16 at the same points; they differ in the order of fp32
 // sums (and so, rarely, in which way a rounded operand near a bf16 rounding boundary goes).
+// Variants (GQA, soft-capping, ALiBi; attention_reference.h): the forward on amx_bf16, avx512_bf16
+// and portable and the portable backward run them (attention_bf16_variants.h: one pass over each
+// score tile, compiled away when off); the fp32 SIMD path runs those attention_flash.cpp does.
 #pragma once
 
 #include "cabm/kernels/attention_flash.h"
 
 namespace cabm {
 
-// q [B, N, H, d], k [B, M, H, d], v [B, M, H, dv]: BF16 strided views with unit last stride.
+// q [B, N, H, d], k [B, M, Hkv, d], v [B, M, Hkv, dv]: BF16 strided views with unit last stride;
+// query head h reads key/value head h / (H / Hkv) (GQA/MQA, packed once per key/value head).
+// Soft-capping and ALiBi (options.softcap, options.alibi_slopes with the positions) as the
+// reference defines them, computed per tile (attention_bf16_variants.h); the fp32 SIMD path takes
+// what flash_supports_variants says. Throws for variants flash_bf16_supports_variants rejects.
 // out [B, N, H, dv]: F32 (any strided view with unit last stride), overwritten.
 // lse: null or F32 [B, H, N] contiguous (natural log; −inf for fully masked rows).
 // config: tile sizes as FlashConfig (0 = default); block_k is rounded up to a multiple of 16.
@@ -49,13 +56,18 @@ void attention_flash_bf16_forward(const Tensor& q, const Tensor& k, const Tensor
 // (dV += Pᵀ dO, dP = dO Vᵀ, dQ += dS K, dK += dSᵀ Q), all accumulation fp32. P is recomputed
 // from the saved lse; masks, tile skipping, dropout decisions and fully masked rows (0 gradient)
 // as in attention_flash_backward. Deterministic for a given thread count (the portable path: for
-// any thread count).
+// any thread count). GQA: dk, dv of a key/value head sum over its query heads in head order. With
+// soft-capping the rounded operand is dT = dS ∘ (1 − tanh²(t/c)), the gradient of the capped score.
 void attention_flash_bf16_backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
                                    const AttentionGrads& grads, const FlashConfig& config = {});
 
 // Whether attention_flash_bf16_forward (backward: attention_flash_bf16_backward) runs these
-// variants itself: H query heads over Hkv key/value heads, soft-capping, ALiBi. (Sinks are
-// applied around every tiled kernel by attention.cpp.)
+// variants itself: H query heads over Hkv key/value heads, soft-capping, ALiBi. The forward on the
+// amx_bf16, avx512_bf16 and portable paths runs all of them; on the fp32 SIMD path what
+// flash_supports_variants says (the forward's answer depends on the current path, i.e. on the
+// override). The backward: its portable path runs all of them, so what flash_supports_variants
+// says (the process may take either backward path). (Sinks are applied around every tiled kernel
+// by attention.cpp.)
 bool flash_bf16_supports_variants(int64_t H, int64_t Hkv, const AttentionOptions& options, bool backward);
 
 // The path attention_flash_bf16_forward takes now: "amx_bf16", "avx512_bf16", "avx2_fp32" (or

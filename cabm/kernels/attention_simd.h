@@ -7,6 +7,7 @@
 // Internal to kernels/: included by attention_flash.cpp and its tests, nowhere else.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -24,6 +25,9 @@ namespace cabm::simd {
 inline constexpr float kExp2Poly[6] = {1.535336188319500e-4f, 1.339887440266574e-3f, 9.618437357674640e-3f,
                                        5.550332471162809e-2f, 2.402264791363012e-1f, 6.931472028550421e-1f};
 inline constexpr float kExp2Min = -126.0f;
+
+// tanh(x), for soft-capping (attention_score_variants.h): built on the primitives below, so it is
+// written once after the three flavours. See there for the method and its accuracy.
 
 // round_to_bf16(x): x rounded to the nearest bf16 value, ties to even, kept in fp32 (the low 16
 // bits cleared): bit for bit bf16_to_float(float_to_bf16(x)) of cabm/core/dtype.h, NaN included (a quiet
@@ -49,6 +53,18 @@ inline Vec max(Vec a, Vec b) { return {_mm512_max_ps(a.v, b.v)}; }
 inline Vec min(Vec a, Vec b) { return {_mm512_min_ps(a.v, b.v)}; }
 inline bool any_greater(Vec a, Vec b) { return _mm512_cmp_ps_mask(a.v, b.v, _CMP_GT_OQ) != 0; }
 inline bool all_equal(Vec a, Vec b) { return _mm512_cmp_ps_mask(a.v, b.v, _CMP_EQ_OQ) == 0xFFFF; }
+inline Vec div(Vec a, Vec b) { return {_mm512_div_ps(a.v, b.v)}; }
+inline Vec abs(Vec a) { return {_mm512_abs_ps(a.v)}; }
+// !(a >= b) ? x : y, lane by lane: x where a < b or either is NaN.
+inline Vec select_below(Vec a, Vec b, Vec x, Vec y) {
+  return {_mm512_mask_blend_ps(_mm512_cmp_ps_mask(a.v, b.v, _CMP_NGE_UQ), y.v, x.v)};
+}
+// |magnitude| with the sign of sign.
+inline Vec copy_sign(Vec magnitude, Vec sign) {
+  const __m512i m = _mm512_set1_epi32(0x7fffffff);
+  return {_mm512_castsi512_ps(_mm512_ternarylogic_epi32(m, _mm512_castps_si512(magnitude.v),
+                                                         _mm512_castps_si512(sign.v), 0xca))};
+}
 
 inline Vec exp2_nonpositive(Vec x) {
   const __m512 xc = _mm512_max_ps(x.v, _mm512_set1_ps(-127.0f));
@@ -91,6 +107,15 @@ inline Vec max(Vec a, Vec b) { return {_mm256_max_ps(a.v, b.v)}; }
 inline Vec min(Vec a, Vec b) { return {_mm256_min_ps(a.v, b.v)}; }
 inline bool any_greater(Vec a, Vec b) { return _mm256_movemask_ps(_mm256_cmp_ps(a.v, b.v, _CMP_GT_OQ)) != 0; }
 inline bool all_equal(Vec a, Vec b) { return _mm256_movemask_ps(_mm256_cmp_ps(a.v, b.v, _CMP_EQ_OQ)) == 0xFF; }
+inline Vec div(Vec a, Vec b) { return {_mm256_div_ps(a.v, b.v)}; }
+inline Vec abs(Vec a) { return {_mm256_andnot_ps(_mm256_set1_ps(-0.0f), a.v)}; }
+inline Vec select_below(Vec a, Vec b, Vec x, Vec y) {
+  return {_mm256_blendv_ps(y.v, x.v, _mm256_cmp_ps(a.v, b.v, _CMP_NGE_UQ))};
+}
+inline Vec copy_sign(Vec magnitude, Vec sign) {
+  const __m256 s = _mm256_set1_ps(-0.0f);
+  return {_mm256_or_ps(_mm256_andnot_ps(s, magnitude.v), _mm256_and_ps(s, sign.v))};
+}
 
 inline Vec exp2_nonpositive(Vec x) {
   const __m256 xc = _mm256_max_ps(x.v, _mm256_set1_ps(-127.0f));
@@ -151,6 +176,8 @@ CABM_SIMD_LANEWISE(sub, x - y)
 CABM_SIMD_LANEWISE(mul, x * y)
 CABM_SIMD_LANEWISE(max, x > y ? x : y)
 CABM_SIMD_LANEWISE(min, x < y ? x : y)
+CABM_SIMD_LANEWISE(div, x / y)
+CABM_SIMD_LANEWISE(copy_sign, std::copysign(x, y))
 #undef CABM_SIMD_LANEWISE
 inline Vec fma(Vec a, Vec b, Vec c) {
   Vec r;
@@ -161,6 +188,16 @@ inline bool any_greater(Vec a, Vec b) {
   bool any = false;
   for (int l = 0; l < kWidth; ++l) any |= a.v[l] > b.v[l];
   return any;
+}
+inline Vec abs(Vec a) {
+  Vec r;
+  for (int l = 0; l < kWidth; ++l) r.v[l] = std::fabs(a.v[l]);
+  return r;
+}
+inline Vec select_below(Vec a, Vec b, Vec x, Vec y) {
+  Vec r;
+  for (int l = 0; l < kWidth; ++l) r.v[l] = !(a.v[l] >= b.v[l]) ? x.v[l] : y.v[l];
+  return r;
 }
 inline bool all_equal(Vec a, Vec b) {
   bool all = true;
@@ -199,5 +236,28 @@ inline Vec round_to_bf16(Vec x) {
 }
 
 #endif
+
+// tanh(x) in two pieces, as Cephes' tanhf, both accurate to a few float ulps relative (the test
+// in test_attention_flash_variants.cpp measures it against std::tanh):
+//  - |x| < 0.625: the odd polynomial x + x³·P(x²) of Cephes' tanhf (no cancellation near 0:
+//    small scores keep their full relative accuracy; denormals and ±0 pass through unchanged);
+//  - otherwise tanh|x| = (1 − e) / (1 + e), e = exp(−2|x|) = exp2(−2 log2(e) |x|) <= 0.29;
+//    exp2_nonpositive never overflows and gives e = 0, hence exactly ±1, from |x| ≈ 44 on (inf
+//    included); 1 − e rounds to 1 from |x| ≈ 9 on, where tanh does too.
+// The sign of x is put back at the end (so tanh(−0) = −0); NaN takes the polynomial: NaN.
+inline constexpr float kTanhPoly[5] = {-5.70498872745e-3f, 2.06390887954e-2f, -5.37397155531e-2f, 1.33314422036e-1f,
+                                       -3.33332819422e-1f};
+inline constexpr float kTanhSmall = 0.625f;
+inline Vec tanh(Vec x) {
+  const Vec z = mul(x, x);
+  Vec p = set1(kTanhPoly[0]);
+  for (int c = 1; c < 5; ++c) p = fma(p, z, set1(kTanhPoly[c]));
+  const Vec small = fma(mul(p, z), x, x);
+  const Vec a = abs(x);
+  const Vec e = exp2_nonpositive(mul(a, set1(-2.0f * 1.4426950408889634f)));
+  const Vec one = set1(1.0f);
+  const Vec large = div(sub(one, e), add(one, e));
+  return copy_sign(select_below(a, set1(kTanhSmall), small, large), x);
+}
 
 }  // namespace cabm::simd
