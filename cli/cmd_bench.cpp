@@ -68,6 +68,10 @@ struct BenchFlags {
   bool backward = false;
   std::string precision = "fp32";  // fp32, bf16 or both
   FlashConfig tiles;                // 0: the kernels' defaults (flash_resolved_config)
+  // Variants (issue 13): key/value heads (0 = H), soft-capping (0 = off), ALiBi (paper slopes).
+  int64_t kv_heads = 0;
+  float softcap = 0.0f;
+  bool alibi = false;
   CLI::Option* threads_option = nullptr;
   bool fp32() const { return precision != "bf16"; }
   bool bf16() const { return precision != "fp32"; }
@@ -135,6 +139,17 @@ struct Problem {
     pairs = per_head * static_cast<double>(B * H);
   }
 
+  // GQA: K and V (and their gradients and bf16 copies) keep the first kv_heads heads of the
+  // packed buffers; soft-capping and ALiBi go into the options. The FLOPs are the same.
+  void apply_variants(const BenchFlags& f) {
+    if (f.kv_heads > 0 && f.kv_heads != H) {
+      for (Tensor* t : {&k, &v, &k16, &v16, &grads.dk, &grads.dv})
+        if (t->defined()) *t = t->narrow(2, 0, f.kv_heads);
+    }
+    options.softcap = f.softcap;
+    if (f.alibi) options.alibi_slopes = alibi_paper_slopes(H);
+  }
+
   static void fill_random(const Tensor& t, uint64_t seed) {
     float* p = t.data<float>();
     Rng rng(seed);
@@ -177,6 +192,7 @@ struct Row {
 
 std::vector<Row> run_case(const BenchFlags& f, int64_t N, int64_t d, const std::string& mask, double peak) {
   Problem p(f.batch, f.heads, N, d, mask, f.bf16());
+  p.apply_variants(f);
   const bool with_reference = N <= kReferenceMaxN;
   const int64_t reference_repeats = std::min<int64_t>(f.repeats, 3);
   std::vector<Row> rows;
@@ -262,6 +278,8 @@ void check_precision(const std::string& p) {
 void validate(const BenchFlags& f) {
   if (f.n.empty() || f.d.empty() || f.masks.empty())
     throw UsageError("--n, --d and --masks need at least one value each");
+  if (f.kv_heads > 0 && f.heads % f.kv_heads != 0)
+    throw UsageError(fmt::format("--heads ({}) must be a multiple of --kv-heads ({})", f.heads, f.kv_heads));
   const double n = static_cast<double>(*std::max_element(f.n.begin(), f.n.end()));
   const double d = static_cast<double>(*std::max_element(f.d.begin(), f.d.end()));
   const double bh = static_cast<double>(f.batch) * static_cast<double>(f.heads);
@@ -303,6 +321,9 @@ void bench_attention(const BenchFlags& f) {
                   attention_flash_bf16_path(), attention_flash_bf16_backward_path(), num_threads(),
                   static_cast<long long>(f.batch), static_cast<long long>(f.heads), static_cast<long long>(f.repeats));
     }
+    if (f.kv_heads > 0 || f.softcap > 0 || f.alibi)
+      std::printf("variants: %lld key/value heads, softcap %g, alibi %s\n",
+                  static_cast<long long>(f.kv_heads > 0 ? f.kv_heads : f.heads), f.softcap, f.alibi ? "paper slopes" : "off");
     if (side_by_side)
       std::printf("bf16: attention_flash_bf16 on the same values rounded to bf16, timed after fp32 in the same run; "
                   "bf16/fp32 = fp32 time / bf16 time\n");
@@ -355,6 +376,9 @@ void bench_attention(const BenchFlags& f) {
     j["threads"] = num_threads();
     j["batch"] = f.batch;
     j["heads"] = f.heads;
+    j["kv_heads"] = f.kv_heads > 0 ? f.kv_heads : f.heads;
+    j["softcap"] = f.softcap;
+    j["alibi"] = f.alibi;
     j["repeats"] = f.repeats;
     j["peak_gflops"] = peak * 1e-9;
     if (peaks.vdpbf16ps > 0) j["vdpbf16ps_peak_gflops"] = peaks.vdpbf16ps * 1e-9;
@@ -421,6 +445,10 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--block-k", f->tiles.block_k, "flash tile: keys (default: the kernels' choice)")
       ->check(integer_in(0, 4096));
   cmd->add_flag("--backward", f->backward, "also time the backward pass");
+  cmd->add_option("--kv-heads", f->kv_heads, "key/value heads for grouped-query attention (default: --heads)")
+      ->check(integer_in(1, kMaxHeads));
+  cmd->add_option("--softcap", f->softcap, "logit soft-capping c (default 0: off)")->check(CLI::Range(0.0f, 1e30f));
+  cmd->add_flag("--alibi", f->alibi, "ALiBi with the paper's slopes");
   cmd->add_option("--precision", f->precision,
                   "fp32 (default), bf16 (attention_flash_bf16 kernels) or both (side by side, with the ratio)")
       ->check(accepted_by(check_precision, "fp32, bf16 or both"));

@@ -111,46 +111,60 @@ class DecodeItem {
   DecodeItem(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options, const Shape7& s)
       : q_(q), k_(k), v_(v), o_(options), s_(s), scale_(attention_scale(options, s.d)) {}
 
-  // Floats of `work` run() needs.
-  int64_t work_floats() const { return s_.rows * (s_.d + 2 * kBlock) + kBlock * std::max(s_.d, s_.dv); }
+  // Floats of the per-thread workspace: the scaled queries of every key/value head, then the
+  // scores, weights and widened rows of one block.
+  int64_t work_floats() const {
+    return s_.Hkv * s_.rows * s_.d + 2 * s_.rows * kBlock + kBlock * std::max(s_.d, s_.dv);
+  }
 
-  // Rows of (b, hk) over keys [j0, j1) into `part`.
-  void run(int64_t b, int64_t hk, int64_t j0, int64_t j1, Partial part, float* work) const {
+  // Keys [j0, j1) of batch item b for every key/value head hk, into parts[hk]. The blocks go
+  // outer and the heads inner, so that the block's slab of the cache ([kBlock, Hkv, d] rows,
+  // contiguous in a KV cache) comes from memory once and serves every head from the cache.
+  void run(int64_t b, int64_t j0, int64_t j1, const Partial* parts, float* work) const {
     const int64_t R = s_.rows, d = s_.d, dv = s_.dv;
-    float* qs = work;                   // [R, d] scaled queries
-    float* sc = qs + R * d;             // [R, kBlock] scores of a block
-    float* pb = sc + R * kBlock;        // [R, kBlock] their exponentials
-    float* kbuf = pb + R * kBlock;      // widened keys / values of a block
+    float* qs = work;                      // [Hkv, R, d] scaled queries
+    float* sc = qs + s_.Hkv * R * d;       // [R, kBlock] scores of a block
+    float* pb = sc + R * kBlock;           // [R, kBlock] their exponentials
+    float* kbuf = pb + R * kBlock;         // widened keys / values of a block
     std::vector<KeyRange> range(static_cast<size_t>(R));
-    for (int64_t r = 0; r < R; ++r) {
-      const int64_t h = hk * s_.group + r / s_.N, i = r % s_.N;
-      load_row(q_, b * q_.stride(0) + i * q_.stride(1) + h * q_.stride(2), d, scale_, qs + r * d);
-      range[r] = allowed_keys(o_.mask, b, i, s_.N, s_.M);
-      part.m[r] = -INFINITY;
-      part.l[r] = 0.0f;
-      std::fill_n(part.acc + r * dv, dv, 0.0f);
+    for (int64_t i = 0; i < s_.N; ++i) {
+      const KeyRange r = allowed_keys(o_.mask, b, i, s_.N, s_.M);
+      for (int64_t g = 0; g < s_.group; ++g) range[g * s_.N + i] = r;
+    }
+    for (int64_t hk = 0; hk < s_.Hkv; ++hk) {
+      const Partial& part = parts[hk];
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t h = hk * s_.group + r / s_.N, i = r % s_.N;
+        load_row(q_, b * q_.stride(0) + i * q_.stride(1) + h * q_.stride(2), d, scale_, qs + (hk * R + r) * d);
+        part.m[r] = -INFINITY;
+        part.l[r] = 0.0f;
+        std::fill_n(part.acc + r * dv, dv, 0.0f);
+      }
     }
     for (int64_t jb = j0; jb < j1; jb += kBlock) {
       const int64_t n = std::min(kBlock, j1 - jb);
-      int64_t ks = 0;
-      const float* kr = rows_of(k_, b, hk, jb, n, d, kbuf, ks);
-      for (int64_t j = 0; j < n; ++j) {
-        const float* kj = kr + j * ks;
-        for (int64_t r = 0; r < R; ++r) {
-          const float* qr = qs + r * d;
-          float dot = 0.0f;
+      for (int64_t hk = 0; hk < s_.Hkv; ++hk) {
+        const Partial& part = parts[hk];
+        int64_t ks = 0;
+        const float* kr = rows_of(k_, b, hk, jb, n, d, kbuf, ks);
+        for (int64_t j = 0; j < n; ++j) {
+          const float* kj = kr + j * ks;
+          for (int64_t r = 0; r < R; ++r) {
+            const float* qr = qs + (hk * R + r) * d;
+            float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-          for (int64_t c = 0; c < d; ++c) dot += qr[c] * kj[c];
-          sc[r * kBlock + j] = dot;
+            for (int64_t c = 0; c < d; ++c) dot += qr[c] * kj[c];
+            sc[r * kBlock + j] = dot;
+          }
         }
+        bool any = false;
+        for (int64_t r = 0; r < R; ++r)
+          any |= softmax_row(r, hk, jb, n, range[r], sc + r * kBlock, pb + r * kBlock, part);
+        if (!any) continue;
+        int64_t vs = 0;
+        const float* vr = rows_of(v_, b, hk, jb, n, dv, kbuf, vs);
+        accumulate(pb, vr, vs, n, part.acc);
       }
-      bool any = false;
-      for (int64_t r = 0; r < R; ++r)
-        any |= softmax_row(r, hk, jb, n, range[r], sc + r * kBlock, pb + r * kBlock, part);
-      if (!any) continue;
-      int64_t vs = 0;
-      const float* vr = rows_of(v_, b, hk, jb, n, dv, kbuf, vs);
-      accumulate(pb, vr, vs, n, part.acc);
     }
   }
 
@@ -252,19 +266,24 @@ void attention_decode_forward(const Tensor& q, const Tensor& k, const Tensor& v,
   s.rows = s.group * s.N;
   if (chunk <= 0) chunk = kDefaultChunk;
   const int64_t chunks = std::max<int64_t>(1, (s.M + chunk - 1) / chunk), R = s.rows;
-  const int64_t items = s.B * s.Hkv * chunks;
+  const int64_t items = s.B * chunks;  // each: one batch item's key chunk, every key/value head
   // Partial states of every work item; one allocation per call (small: items · R · (dv + 2)).
-  std::vector<float> m(static_cast<size_t>(items * R)), l(m.size()), acc(m.size() * static_cast<size_t>(s.dv));
+  const size_t states = static_cast<size_t>(s.B * s.Hkv * chunks * R);
+  std::vector<float> m(states), l(states), acc(states * static_cast<size_t>(s.dv));
   const DecodeItem item(q, k, v, options, s);
   const int64_t work_floats = item.work_floats();
 #pragma omp parallel
   {
     std::vector<float> work(static_cast<size_t>(work_floats));
+    std::vector<Partial> parts(static_cast<size_t>(s.Hkv));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t n = 0; n < items; ++n) {
-      const int64_t b = n / (s.Hkv * chunks), hk = n / chunks % s.Hkv, c = n % chunks;
-      const Partial part{m.data() + n * R, l.data() + n * R, acc.data() + n * R * s.dv};
-      item.run(b, hk, c * chunk, std::min(s.M, (c + 1) * chunk), part, work.data());
+      const int64_t b = n / chunks, c = n % chunks;
+      for (int64_t hk = 0; hk < s.Hkv; ++hk) {
+        const int64_t state = (b * s.Hkv + hk) * chunks + c;  // the merge's layout
+        parts[hk] = {m.data() + state * R, l.data() + state * R, acc.data() + state * R * s.dv};
+      }
+      item.run(b, c * chunk, std::min(s.M, (c + 1) * chunk), parts.data(), work.data());
     }
   }
   // Merge the chunks of each row in chunk order (deterministic for any thread count).
