@@ -1,6 +1,7 @@
 #include "cabm/kernels/attention_flash_amx.h"
 
 #include "cabm/core/error.h"
+#include "cabm/kernels/attention_bf16_avx512.h"
 #include "cabm/kernels/attention_bf16_packing.h"
 #include "cabm/kernels/attention_bf16_variants.h"
 #include "cabm/kernels/tile_mask.h"
@@ -207,20 +208,8 @@ CABM_AMX void pv_amx(const bf16* p, int64_t ldp, int nrt, const bf16* vb, int64_
   }
 }
 
-// 2^x for x <= 0 (−inf → 0), never subnormal: the Cephes exp2f polynomial of the avx512_bf16
-// path (attention_flash_bf16.cpp), bit for bit.
-CABM_AMX inline __m512 exp2_nonpositive(__m512 x) {
-  static constexpr float kPoly[6] = {1.535336188319500e-4f, 1.339887440266574e-3f, 9.618437357674640e-3f,
-                                     5.550332471162809e-2f, 2.402264791363012e-1f, 6.931472028550421e-1f};
-  const __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-127.0f));
-  const __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(xc, n);
-  __m512 poly = _mm512_set1_ps(kPoly[0]);
-  for (int c = 1; c < 6; ++c) poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(kPoly[c]));
-  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(1.0f));
-  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
-  return _mm512_maskz_scalef_ps(live, poly, n);
-}
+// 2^x for x <= 0: detail::exp2_nonpositive of attention_bf16_avx512.h (the avx512_bf16 path's,
+// bit for bit; its target features are a subset of CABM_AMX's, so it inlines here).
 
 // One row of the online softmax over nk16 scores, the same operations in the same order as the
 // avx512_bf16 path: x = s·qscale + mask, m' = max(m, max x), P = exp2(x − m') summed into
