@@ -447,7 +447,7 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--backward", f->backward, "also time the backward pass");
   cmd->add_option("--kv-heads", f->kv_heads, "key/value heads for grouped-query attention (default: --heads)")
       ->check(integer_in(1, kMaxHeads));
-  cmd->add_option("--softcap", f->softcap, "logit soft-capping c (default 0: off)")->check(CLI::Range(0.0f, 1e30f));
+  cmd->add_option("--softcap", f->softcap, "logit soft-capping c (default 0: off)")->check(real_in({0.0, 1e30}));
   cmd->add_flag("--alibi", f->alibi, "ALiBi with the paper's slopes");
   cmd->add_option("--precision", f->precision,
                   "fp32 (default), bf16 (attention_flash_bf16 kernels) or both (side by side, with the ratio)")

@@ -10,6 +10,7 @@
 #include "cli/bench_util.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "cabm/core/memory.h"
 #include "cabm/core/rng.h"
 #include "cabm/core/threads.h"
 #include "cabm/kernels/attention.h"
@@ -86,10 +87,17 @@ void bench_decode(const DecodeFlags& f) {
   apply_threads(f.threads_option, f.threads);
   if (f.heads % f.kv_heads != 0)
     throw UsageError(fmt::format("--heads ({}) must be a multiple of --kv-heads ({})", f.heads, f.kv_heads));
-  int64_t largest = 0;
+  // Sizes are each in range; their product is checked before anything is allocated.
+  double largest = 0;
   for (int64_t M : f.m)
-    for (int64_t d : f.d) largest = std::max(largest, f.batch * M * f.kv_heads * 2 * d * 4);
-  const double copy = measure_copy_bandwidth(std::max<int64_t>(largest, int64_t{256} << 20), f.repeats);
+    for (int64_t d : f.d)
+      largest = std::max(largest, static_cast<double>(f.batch) * static_cast<double>(M) *
+                                      static_cast<double>(f.kv_heads) * 2.0 * static_cast<double>(d) * 4.0);
+  const double copy_bytes = std::max(largest, 256.0 * (1 << 20));
+  check_fits_in_memory(1.5 * largest + 2.0 * copy_bytes,
+                       fmt::format("bench decode --batch {} --kv-heads {} with the largest --m and --d", f.batch,
+                                   f.kv_heads));
+  const double copy = measure_copy_bandwidth(static_cast<int64_t>(copy_bytes), f.repeats);
   std::printf("decode: B %lld, N 1, H %lld query heads over %lld key/value heads, %d threads\n",
               static_cast<long long>(f.batch), static_cast<long long>(f.heads), static_cast<long long>(f.kv_heads),
               num_threads());

@@ -58,6 +58,8 @@ const std::vector<std::pair<std::string, std::string>> kSubcommands = {
     {"eval", "--checkpoint /nonexistent/run"},
     {"forward", "--model /nonexistent/m --input /nonexistent/i --output /nonexistent/o"},
     {"bench attention", ""},
+    {"bench decode", "--m 1 --d 1 --repeats 1"},
+    {"attention", "--input /nonexistent/i --output /nonexistent/o"},
     {"bench layer", ""},
     {"bench train", ""},
     {"memory", ""},
