@@ -6,6 +6,7 @@
 #include "cabm/kernels/rope.h"
 
 #include <cmath>
+#include <limits>
 #include <set>
 
 namespace cabm {
@@ -128,9 +129,10 @@ Mask read_mask(const SafetensorsFile& in, const Problem& p) {
 AttentionOptions read_options(const SafetensorsFile& in, const Problem& p) {
   AttentionOptions options;
   options.mask = read_mask(in, p);
-  if (in.find_metadata("scale"))
-    options.scale = static_cast<float>(metadata_real(in, "scale", {}, 0.0));
-  options.softcap = static_cast<float>(metadata_real(in, "softcap", {0.0, 3.0e38, true, false}, 0.0));
+  // Ranges in float: the kernels take floats, and a double beyond them would round to ±inf
+  // (scale) or to 0 (softcap, which then means "off").
+  if (in.find_metadata("scale")) options.scale = static_cast<float>(metadata_real(in, "scale", {-3.0e38, 3.0e38}, 0.0));
+  options.softcap = static_cast<float>(metadata_real(in, "softcap", {std::numeric_limits<float>::min(), 3.0e38}, 0.0));
   const bool paper_alibi = metadata_choice(in, "alibi", {"true", "false"}, "false") == "true";
   if (const Tensor* slopes = in.find("alibi_slopes")) {
     if (paper_alibi) fail(in, "metadata alibi=true and tensor 'alibi_slopes' both give the slopes: keep one");
