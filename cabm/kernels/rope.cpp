@@ -1,5 +1,6 @@
 #include "cabm/kernels/rope.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace cabm {
@@ -46,6 +47,16 @@ void rotate(const Tensor& x, const std::vector<int64_t>& positions, const RopeOp
     const float exponent = static_cast<float>(2 * p) / static_cast<float>(rd);
     inv_freq[p] = 1.0f / static_cast<float>(std::pow(static_cast<double>(options.theta), exponent));
   }
+  // A tiny θ makes θ^(−2p/rd), or position × that, overflow float: the rotation would be NaN and the
+  // attention silently masked. Refused here, before any row is touched.
+  int64_t max_position = 0;
+  for (int64_t t : positions) max_position = std::max<int64_t>(max_position, t < 0 ? -t : t);
+  for (int64_t p = 0; p < pairs; ++p)
+    if (!std::isfinite(inv_freq[p]) ||
+        static_cast<double>(max_position) * static_cast<double>(inv_freq[p]) > 3.0e38)
+      throw Error(fmt::format("rope: theta {} makes the rotary angles overflow float at position {} (theta^(-2p/{}) "
+                              "= {})",
+                              options.theta, max_position, rd, inv_freq[p]));
   const int64_t a_step = options.style == RopeStyle::kNeox ? 1 : 2;         // element a of pair p: p·a_step
   const int64_t b_offset = options.style == RopeStyle::kNeox ? pairs : 1;  // element b: a + b_offset
 #pragma omp parallel

@@ -168,11 +168,19 @@ TEST_F(AttentionFileErrors, BadMetadataValues) {
       {"causal", "yes"},      {"causal", "true"},   {"window_left", "-2"}, {"window_right", "x"},
       {"alibi", "1"},         {"softcap", "0"},     {"softcap", "-1"},     {"softcap", "nan"},
       {"rope", "llama"},      {"rope_theta", "0"},  {"rope_dim", "3"},     {"rope_dim", "10"},
-      {"scale", "inf"},       {"scale", "0.1.2"}};
+      {"scale", "inf"},       {"scale", "0.1.2"},   {"scale", "1e39"},     {"softcap", "1e-50"}};
   for (const auto& [key, value] : bad) {
     SCOPED_TRACE(key + "=" + value);
     test::expect_one_line_error(run(tensors(), {{key, value}}), "'" + key + "'");
   }
+}
+
+// A θ so small that the rotary angles overflow float: an error, not NaN rows read as masked.
+TEST_F(AttentionFileErrors, RopeThetaThatOverflows) {
+  auto t = tensors();
+  t["q"] = Tensor::zeros({1, 3, 4, 64});  // d 64: θ^(−62/64) overflows for θ = 1e-42
+  t["k"] = Tensor::zeros({1, 5, 2, 64});
+  test::expect_one_line_error(run(t, {{"rope", "neox"}, {"rope_theta", "1e-42"}}), "theta");
 }
 
 TEST_F(AttentionFileErrors, AlibiGivenTwice) {

@@ -10,7 +10,8 @@ import os
 import struct
 import sys
 
-TARGETS = ["safetensors", "state_json", "model_metadata", "forward", "text_data", "hf_tokenizer", "hf_config"]
+TARGETS = ["safetensors", "state_json", "model_metadata", "forward", "text_data", "hf_tokenizer", "hf_config",
+           "attention_file"]
 
 # ---------------------------------------------------------------------------------------------
 # safetensors, built by hand: u64 header length, JSON header, one buffer.
@@ -370,9 +371,77 @@ def corpus_hf_config():
     }
 
 
+# ---------------------------------------------------------------------------------------------
+# cabm attention (docs/attention_file.md): q [B, N, Hq, d], k [B, M, Hkv, d], v [B, M, Hkv, dv].
+
+
+def attention(B=1, N=3, M=4, Hq=2, Hkv=2, d=4, dv=4, extra=None, meta=None, backward=False):
+    t = {"q": f32([B, N, Hq, d]), "k": f32([B, M, Hkv, d], offset=3), "v": f32([B, M, Hkv, dv], offset=5)}
+    if backward:
+        t["dout"] = f32([B, N, Hq, dv], offset=7)
+    t.update(extra or {})
+    return safetensors(t, meta)
+
+
+def corpus_attention_file():
+    inf = float("inf")
+    return {
+        "plain": attention(),
+        "gqa": attention(Hq=4, Hkv=2, dv=3, backward=True),
+        "mqa": attention(B=2, Hq=4, Hkv=1, meta={"scale": "0.25"}),
+        "bool_mask": attention(extra={"mask": ("BOOL", [3, 4], [1, 0, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0])},
+                               backward=True),
+        "float_mask": attention(extra={"mask": ("F32", [1, 2, 1, 4], [0.0, -inf, 0.5, -1.0, -inf, -inf, -inf, -inf])},
+                                backward=True),
+        "causal_top_left": attention(N=4, M=3, meta={"causal": "top_left"}, backward=True),
+        "causal_bottom_right": attention(meta={"causal": "bottom_right", "format": "pt"}),
+        "windows": attention(N=5, M=6, meta={"window_left": "1", "window_right": "0", "causal": "none"}),
+        "alibi_paper": attention(Hq=3, Hkv=1, meta={"alibi": "true", "causal": "bottom_right"}, backward=True),
+        "alibi_slopes": attention(extra={"alibi_slopes": ("F32", [2], [0.5, 0.25])}, meta={"alibi": "false"}),
+        "softcap": attention(meta={"softcap": "0.5", "scale": "4.0"}, backward=True),
+        "sinks": attention(extra={"sinks": ("F32", [2], [0.5, -1.0])}, meta={"causal": "top_left"}, backward=True),
+        "rope_neox": attention(d=6, meta={"rope": "neox", "rope_dim": "4", "rope_theta": "500000.0"},
+                               backward=True),
+        "rope_gptj": attention(meta={"rope": "gptj", "rope_theta": "10000"},
+                               extra={"q_positions": ("I64", [3], [5, 9, 1000]),
+                                      "k_positions": ("I64", [4], [0, 1, 2, 1099511627776])}),
+        "positions_alibi": attention(meta={"alibi": "true", "window_left": "2"},
+                                     extra={"q_positions": ("I64", [3], [7, 8, 9]),
+                                            "k_positions": ("I64", [4], [-3, 0, 4, 9])}, backward=True),
+        "everything": attention(Hq=4, Hkv=2, d=4, dv=2, meta={
+            "rope": "neox", "softcap": "30", "causal": "bottom_right", "window_left": "2", "window_right": "-1"},
+            extra={"sinks": ("F32", [4], [0.0, 1.0, -2.0, 0.5]), "alibi_slopes": ("F32", [4], [0.5, 0.25, 0.1, 0.0]),
+                   "mask": ("F32", [1, 4], [0.0, -0.5, -inf, 0.25])}, backward=True),
+        # Shapes that reach each kernel: decode (N <= 8, no tensor mask) and the tiled kernels
+        # with tails (N, M not multiples of the tiles), fully masked rows.
+        "decode": attention(N=1, M=37, Hq=4, Hkv=1, d=8, dv=8, meta={"window_left": "5", "softcap": "20"},
+                            extra={"sinks": ("F32", [4], [0.0, 1.0, -2.0, 0.5])}, backward=True),
+        "decode_alibi_positions": attention(N=3, M=29, Hq=2, Hkv=2, d=8, dv=4, meta={"alibi": "true",
+                                            "causal": "bottom_right", "rope": "gptj"},
+                                            extra={"k_positions": ("I64", [29], list(range(100, 129)))}),
+        "tiles": attention(N=33, M=35, Hq=2, Hkv=1, d=8, dv=8, meta={"causal": "bottom_right", "window_left": "7"},
+                           backward=True),
+        "tiles_mask": attention(N=13, M=30, Hq=2, Hkv=2, d=4, dv=4, backward=True, extra={
+            "mask": ("F32", [13, 30], [(-inf if (i * 7) % 5 == 0 else 0.25 * (i % 3)) for i in range(13 * 30)])}),
+        "fully_masked_rows": attention(N=4, M=5, backward=True, extra={
+            "mask": ("BOOL", [1, 1, 4, 5], [0] * 5 + [1] * 5 + [0] * 5 + [0, 0, 0, 0, 1]),
+            "sinks": ("F32", [2], [1.0, -1.0])}),
+        "heads_not_dividing": attention(Hq=3, Hkv=2),
+        "unknown_tensor": attention(extra={"attn_mask": ("BOOL", [3, 4], [1] * 12)}),
+        "unknown_metadata": attention(meta={"is_causal": "true"}),
+        "odd_rope_dim": attention(meta={"rope": "neox", "rope_dim": "3"}),
+        "scale_beyond_float": attention(meta={"scale": "1e39"}),  # was a float +inf
+        "softcap_below_float": attention(meta={"softcap": "1e-50"}),  # rounded to 0: "off"
+        "tiny_rope_theta": attention(d=64, dv=2, meta={"rope": "neox", "rope_theta": "1e-42"}),
+        "wrong_dout": safetensors({"q": f32([1, 2, 2, 4]), "k": f32([1, 3, 2, 4]), "v": f32([1, 3, 2, 4]),
+                                   "dout": f32([1, 2, 2, 3])}),
+    }
+
+
 CORPORA = {"safetensors": corpus_safetensors, "state_json": corpus_state_json,
            "model_metadata": corpus_model_metadata, "forward": corpus_forward, "text_data": corpus_text_data,
-           "hf_tokenizer": corpus_hf_tokenizer, "hf_config": corpus_hf_config}
+           "hf_tokenizer": corpus_hf_tokenizer, "hf_config": corpus_hf_config,
+           "attention_file": corpus_attention_file}
 
 
 def main():
