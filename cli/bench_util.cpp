@@ -1,5 +1,6 @@
 #include "cli/bench_util.h"
 
+#include "cabm/core/rng.h"
 #include "cabm/core/threads.h"
 #include "cabm/kernels/bf16.h"
 
@@ -206,6 +207,12 @@ double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const size_t n = values.size();
   return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+void fill_uniform(const Tensor& t, uint64_t seed) {
+  float* p = t.data<float>();
+  Rng rng(seed);
+  for (int64_t n = 0; n < t.numel(); ++n) p[n] = 2.0f * rng.next_uniform() - 1.0f;
 }
 
 }  // namespace cabm::cli

@@ -2,6 +2,8 @@
 // resident-memory probe and medians. Benchmarks are not kernels, so these live in cli/.
 #pragma once
 
+#include "cabm/core/tensor.h"
+
 #include <cstdint>
 #include <vector>
 
@@ -36,5 +38,8 @@ int64_t current_rss_bytes();
 int64_t peak_rss_bytes();
 
 double median(std::vector<double> values);
+
+// Fills a contiguous F32 tensor with uniform values in [-1, 1) from `seed`: the benchmarks' inputs.
+void fill_uniform(const Tensor& t, uint64_t seed);
 
 }  // namespace cabm::cli

@@ -22,7 +22,6 @@
 #include "cli/flags.h"
 #include "cabm/core/error.h"
 #include "cabm/core/memory.h"
-#include "cabm/core/rng.h"
 #include "cabm/core/tensor.h"
 #include "cabm/core/threads.h"
 #include "cabm/kernels/attention.h"
@@ -90,7 +89,7 @@ struct Problem {
       : B(B_), H(H_), N(N_), d(d_), mask_name(mask) {
     const int64_t E = H * d;
     qkv = Tensor::empty({B, N, 3 * E});
-    fill_random(qkv, 1);
+    fill_uniform(qkv, 1);
     const Tensor heads = qkv.view({B, N, 3, H, d});
     q = heads.select(2, 0);
     k = heads.select(2, 1);
@@ -100,7 +99,7 @@ struct Problem {
     out = Tensor::zeros({B, N, H, d});
     lse = Tensor::zeros({B, H, N});
     dout = Tensor::empty({B, N, H, d});
-    fill_random(dout, 2);
+    fill_uniform(dout, 2);
     grad_buffer = Tensor::zeros({B, N, 3, H, d});
     grads = {grad_buffer.select(2, 0), grad_buffer.select(2, 1), grad_buffer.select(2, 2)};
     if (with_bf16) {
@@ -148,12 +147,6 @@ struct Problem {
     }
     options.softcap = f.softcap;
     if (f.alibi) options.alibi_slopes = alibi_paper_slopes(H);
-  }
-
-  static void fill_random(const Tensor& t, uint64_t seed) {
-    float* p = t.data<float>();
-    Rng rng(seed);
-    for (int64_t n = 0; n < t.numel(); ++n) p[n] = 2.0f * rng.next_uniform() - 1.0f;
   }
 
   double forward_flops() const { return 4.0 * pairs * static_cast<double>(d); }

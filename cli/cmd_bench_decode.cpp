@@ -11,7 +11,6 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cabm/core/memory.h"
-#include "cabm/core/rng.h"
 #include "cabm/core/threads.h"
 #include "cabm/kernels/attention.h"
 #include "cabm/kernels/bf16.h"
@@ -71,16 +70,8 @@ double measure_copy_bandwidth(int64_t bytes, int64_t repeats) {
 
 Tensor random_tensor(const Shape& shape, uint64_t seed) {
   Tensor t = Tensor::empty(shape);
-  Rng rng(seed);
-  float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = rng.next_uniform() * 2.0f - 1.0f;
+  fill_uniform(t, seed);
   return t;
-}
-
-Tensor rounded_to_bf16(const Tensor& t) {
-  Tensor r = Tensor::empty(t.shape(), DType::BF16);
-  float_to_bf16(t.data<float>(), r.data<bf16>(), t.numel());
-  return r;
 }
 
 void bench_decode(const DecodeFlags& f) {

@@ -178,13 +178,6 @@ std::vector<int64_t> or_default(const std::vector<int64_t>& given, int64_t lengt
   return result;
 }
 
-Tensor rounded_to_bf16(const Tensor& t) {
-  Tensor r = Tensor::empty(t.shape(), DType::BF16);
-  const Tensor c = t.contiguous();
-  float_to_bf16(c.data<float>(), r.data<bf16>(), c.numel());
-  return r;
-}
-
 }  // namespace
 
 std::map<std::string, Tensor> run_attention_file(const SafetensorsFile& in, Precision precision) {

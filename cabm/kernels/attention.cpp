@@ -15,14 +15,6 @@ bool tiled_supports(const Tensor& q, const Tensor& k, const AttentionOptions& op
   return flash_supports_variants(q.size(2), k.size(2), options);
 }
 
-Tensor widened(const Tensor& t) {
-  if (t.dtype() == DType::F32) return t;
-  const Tensor c = t.contiguous();
-  Tensor r = Tensor::empty(c.shape());
-  bf16_to_float(c.data<bf16>(), r.data<float>(), c.numel());
-  return r;
-}
-
 // lse' = log(e^lse + e^σ_h) and out · e^(lse − lse') per row; fully masked rows (lse −inf) stay
 // 0 with lse −inf.
 void fold_sinks(const Tensor& sinks, const Tensor& out, const Tensor& lse) {
@@ -100,7 +92,8 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   CABM_CHECK(q.dim() == 4 && k.dim() == 4, "attention: q and k must be of rank 4");
   const AttentionKernel kernel = attention_forward_kernel(q, k, options);
   if (kernel == AttentionKernel::kReference)
-    return attention_reference_forward(widened(q), widened(k), widened(v), options, out, nullptr, lse);
+    return attention_reference_forward(widened_to_f32(q), widened_to_f32(k), widened_to_f32(v), options, out, nullptr,
+                                       lse);
   check_attention_variants(options, q.size(2), q.size(1), k.size(1));
   // Sinks: the tiled kernels run without them and the result is folded here (needs the lse).
   Tensor own_lse;
@@ -125,7 +118,8 @@ void attention_backward(const AttentionSaved& saved, const Tensor& dout, const A
     case AttentionKernel::kFlash: attention_flash_backward(saved, dout, options, grads); break;
     case AttentionKernel::kDecode:  // never chosen for a backward
     case AttentionKernel::kReference: {
-      const AttentionSaved wide{widened(saved.q), widened(saved.k), widened(saved.v), saved.out, saved.lse};
+      const AttentionSaved wide{widened_to_f32(saved.q), widened_to_f32(saved.k), widened_to_f32(saved.v), saved.out,
+                                saved.lse};
       return attention_reference_backward(wide, dout, options, grads);
     }
   }

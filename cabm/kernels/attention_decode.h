@@ -10,7 +10,7 @@
 // thread count, so results are bit-identical for any number of threads.
 //
 // Same conventions as attention_reference.h. Takes: q F32 or BF16 (widened exactly), k and v of
-// q's dtype (a BF16 cache is widened row by row; P is not rounded to bf16, unlike the tiled bf16
+// q's dtype (a BF16 cache is widened in registers; P is not rounded to bf16, unlike the tiled bf16
 // kernel), masks made only of causal, sliding-window and key-padding parts, soft-capping, ALiBi,
 // no dropout. Sinks are folded in by the entry point (attention.cpp), like for the tiled kernels.
 #pragma once

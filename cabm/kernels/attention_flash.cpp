@@ -496,7 +496,7 @@ void backward_key_tile(const BackwardArgs& args, BackwardBuffers& buf, int64_t b
         for (int64_t lv = 0; lv < lanes; lv += kWidth) {
           Vec x = simd::load(srow + lv);
           if constexpr (kVariants) {
-            Vec cap_grad;
+            Vec cap_grad = simd::zero();  // written only with soft-capping; GCC cannot see that
             x = variants.score(x, qoff, p.variants.slopes ? simd::load(buf.koff + lv) : simd::zero(), &cap_grad);
             if (variants.softcap()) simd::store(buf.cap + r * ld + lv, cap_grad);
           }

@@ -4,7 +4,7 @@
 //   __AVX512F__          16 lanes, zmm intrinsics
 //   __AVX2__ && __FMA__   8 lanes, ymm intrinsics (what -march=native gives on Zen 2/3)
 //   otherwise             8 lanes as a plain float array; loops the compiler may auto-vectorise
-// Internal to kernels/: included by attention_flash.cpp and its tests, nowhere else.
+// Internal to kernels/: included by the attention kernels (tiled and decode) and their tests.
 #pragma once
 
 #include <cmath>
@@ -77,6 +77,30 @@ inline Vec exp2_nonpositive(Vec x) {
   return {_mm512_maskz_scalef_ps(live, p, n)};
 }
 
+// kWidth bf16 values (their bits) widened to fp32: the bits moved to the upper half, exactly.
+inline Vec load_bf16(const uint16_t* p) {
+  return {_mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16))};
+}
+// Lane l of the result = the sum of a[l]'s lanes: kWidth horizontal sums for the price of about
+// three instructions each. A tree over 256-, 128-, 64- and 32-bit halves; it sums input slot
+// s into lane 4·(s mod 4) + s/4, so a[] goes in with that index transposed.
+inline Vec sum_each(const Vec (&a)[kWidth]) {
+  __m512 b[8], c[4], e[2];
+  auto in = [&](int s) { return a[(s % 4) * 4 + s / 4].v; };
+  for (int i = 0; i < 8; ++i) {
+    const __m512 x = in(2 * i), y = in(2 * i + 1);
+    b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xee));
+  }
+  for (int i = 0; i < 4; ++i)
+    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xdd));
+  for (int i = 0; i < 2; ++i)
+    e[i] =
+        _mm512_add_ps(_mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0x44), _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0xee));
+  return {_mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0x88), _mm512_shuffle_ps(e[0], e[1], 0xdd))};
+}
+
 inline Vec round_to_bf16(Vec x) {
   const __m512i u = _mm512_castps_si512(x.v);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
@@ -128,6 +152,22 @@ inline Vec exp2_nonpositive(Vec x) {
   const __m256i bits = _mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23));
   const __m256 live = _mm256_cmp_ps(x.v, _mm256_set1_ps(kExp2Min), _CMP_GE_OQ);
   return {_mm256_and_ps(_mm256_castsi256_ps(bits), live)};
+}
+
+inline Vec load_bf16(const uint16_t* p) {
+  return {_mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16))};
+}
+// A tree over 128-bit halves, then two horizontal adds; it sums slot s into lane 4·(s mod 2) + s/2.
+inline Vec sum_each(const Vec (&a)[kWidth]) {
+  __m256 b[4], c[2];
+  auto in = [&](int s) { return a[4 * (s % 2) + s / 2].v; };
+  for (int i = 0; i < 4; ++i) {
+    const __m256 x = in(2 * i), y = in(2 * i + 1);
+    b[i] = _mm256_add_ps(_mm256_permute2f128_ps(x, y, 0x20), _mm256_permute2f128_ps(x, y, 0x31));
+  }
+  for (int i = 0; i < 2; ++i) c[i] = _mm256_hadd_ps(b[2 * i], b[2 * i + 1]);
+  return {_mm256_hadd_ps(c[0], c[1])};
 }
 
 inline Vec round_to_bf16(Vec x) {
@@ -224,6 +264,24 @@ inline Vec exp2_nonpositive(Vec x) {
   return r;
 }
 
+inline Vec load_bf16(const uint16_t* p) {
+  Vec r;
+  for (int l = 0; l < kWidth; ++l) {
+    const uint32_t u = static_cast<uint32_t>(p[l]) << 16;
+    std::memcpy(&r.v[l], &u, sizeof u);
+  }
+  return r;
+}
+inline Vec sum_each(const Vec (&a)[kWidth]) {
+  Vec r;
+  for (int l = 0; l < kWidth; ++l) {
+    float sum = 0.0f;
+    for (int m = 0; m < kWidth; ++m) sum += a[l].v[m];
+    r.v[l] = sum;
+  }
+  return r;
+}
+
 inline Vec round_to_bf16(Vec x) {
   Vec r;
   for (int l = 0; l < kWidth; ++l) {
@@ -258,6 +316,22 @@ inline Vec tanh(Vec x) {
   const Vec one = set1(1.0f);
   const Vec large = div(sub(one, e), add(one, e));
   return copy_sign(select_below(a, set1(kTanhSmall), small, large), x);
+}
+
+// The sum and the maximum of a vector's lanes, in lane order (the same bits on every call).
+inline float reduce_add(Vec a) {
+  float lanes[kWidth];
+  store(lanes, a);
+  float sum = 0.0f;
+  for (float x : lanes) sum += x;
+  return sum;
+}
+inline float reduce_max(Vec a) {
+  float lanes[kWidth];
+  store(lanes, a);
+  float m = lanes[0];
+  for (float x : lanes) m = x > m ? x : m;
+  return m;
 }
 
 }  // namespace cabm::simd

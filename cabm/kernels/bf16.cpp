@@ -203,6 +203,23 @@ void bf16_to_float(const bf16* src, float* dst, int64_t n) {
   else detail::bf16_to_float_portable(src, dst, n);
 }
 
+Tensor rounded_to_bf16(const Tensor& t) {
+  CABM_CHECK(t.dtype() == DType::F32, "rounded_to_bf16: expected an F32 tensor, got {}", dtype_name(t.dtype()));
+  const Tensor c = t.contiguous();
+  Tensor r = Tensor::empty(c.shape(), DType::BF16);
+  float_to_bf16(c.data<float>(), r.data<bf16>(), c.numel());
+  return r;
+}
+
+Tensor widened_to_f32(const Tensor& t) {
+  if (t.dtype() == DType::F32) return t;
+  CABM_CHECK(t.dtype() == DType::BF16, "widened_to_f32: expected a BF16 tensor, got {}", dtype_name(t.dtype()));
+  const Tensor c = t.contiguous();
+  Tensor r = Tensor::empty(c.shape());
+  bf16_to_float(c.data<bf16>(), r.data<float>(), c.numel());
+  return r;
+}
+
 void float_to_bf16_2d(const float* src, int64_t src_ld, bf16* dst, int64_t dst_ld, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) float_to_bf16(src + r * src_ld, dst + r * dst_ld, cols);
 }

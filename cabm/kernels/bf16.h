@@ -15,6 +15,7 @@
 #pragma once
 
 #include "cabm/core/dtype.h"
+#include "cabm/core/tensor.h"
 
 #include <cstdint>
 
@@ -59,6 +60,11 @@ void bf16_to_float(const bf16* src, float* dst, int64_t n);
 // Strided 2-d forms (rows × cols, unit column stride, row strides in elements), for tensor views.
 void float_to_bf16_2d(const float* src, int64_t src_ld, bf16* dst, int64_t dst_ld, int64_t rows, int64_t cols);
 void bf16_to_float_2d(const bf16* src, int64_t src_ld, float* dst, int64_t dst_ld, int64_t rows, int64_t cols);
+
+// Tensor forms, for views of any strides: an F32 tensor rounded to a new contiguous BF16 one, and
+// a BF16 tensor widened to a new contiguous F32 one (an F32 tensor is returned as it is).
+Tensor rounded_to_bf16(const Tensor& t);
+Tensor widened_to_f32(const Tensor& t);
 
 namespace detail {
 // The paths themselves, for tests: each works on any n. The avx512 ones may only be called when

@@ -5,11 +5,13 @@
 // bit-identical across thread counts and chunkings that keep the same chunk size.
 #include "cabm/kernels/attention.h"
 #include "cabm/kernels/attention_decode.h"
+#include "cabm/kernels/attention_simd.h"
 #include "cabm/kernels/bf16.h"
 #include "util/test_util.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 namespace cabm {
@@ -18,17 +20,6 @@ namespace {
 struct Case {
   int64_t B, N, M, H, Hkv, d, dv;
 };
-
-Tensor to_bf16(const Tensor& t) {
-  Tensor r = Tensor::empty(t.shape(), DType::BF16);
-  float_to_bf16(t.data<float>(), r.data<bf16>(), t.numel());
-  return r;
-}
-Tensor widened(const Tensor& t) {
-  Tensor r = Tensor::empty(t.shape());
-  bf16_to_float(t.data<bf16>(), r.data<float>(), t.numel());
-  return r;
-}
 
 double max_abs(const Tensor& t) {
   double m = 0;
@@ -135,8 +126,9 @@ TEST_P(Decode, MatchesReference) {
     }
 
     // A BF16 cache (and query): the reference on the widened bf16 values; P is not rounded.
-    const Tensor q16 = to_bf16(q), k16 = to_bf16(k), v16 = to_bf16(v);
-    attention_reference_forward(widened(q16), widened(k16), widened(v16), o, want, nullptr, &want_lse);
+    const Tensor q16 = rounded_to_bf16(q), k16 = rounded_to_bf16(k), v16 = rounded_to_bf16(v);
+    attention_reference_forward(widened_to_f32(q16), widened_to_f32(k16), widened_to_f32(v16), o, want, nullptr,
+                                &want_lse);
     attention_forward(q16, k16, v16, o, out, &lse);
     expect_close(out, want, 2e-5, "out (bf16)");
     expect_close(lse, want_lse, 2e-5, "lse (bf16)");
@@ -145,6 +137,54 @@ TEST_P(Decode, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(All, Decode, ::testing::Range<size_t>(0, option_cases().size()),
                          [](const auto& info) { return option_cases()[info.param].name; });
+
+// The decode kernel's two vector primitives: lane l of sum_each is the sum of input l (any lane
+// order inside is fine, the mapping is not), and load_bf16 widens exactly.
+TEST(DecodeSimd, SumEachAndLoadBf16) {
+  std::printf("simd: %s, %d lanes\n", simd::kIsa, simd::kWidth);
+  const Tensor x = test::random_tensor({simd::kWidth, simd::kWidth}, 11, -2.0f, 2.0f);
+  simd::Vec a[simd::kWidth];
+  for (int l = 0; l < simd::kWidth; ++l) a[l] = simd::load(x.data<float>() + l * simd::kWidth);
+  float got[simd::kWidth];
+  simd::store(got, simd::sum_each(a));
+  for (int l = 0; l < simd::kWidth; ++l) {
+    double want = 0.0;
+    for (int m = 0; m < simd::kWidth; ++m) want += x.data<float>()[l * simd::kWidth + m];
+    EXPECT_NEAR(got[l], want, 1e-5) << "lane " << l;
+  }
+  const Tensor h = rounded_to_bf16(x);
+  float wide[simd::kWidth];
+  simd::store(wide, simd::load_bf16(reinterpret_cast<const uint16_t*>(h.data<bf16>())));
+  for (int l = 0; l < simd::kWidth; ++l) EXPECT_EQ(wide[l], bf16_to_float(h.data<bf16>()[l])) << "lane " << l;
+}
+
+// A KV cache is a view: [B, M, Hkv, d] rows of a [B, capacity, Hkv·d] buffer.
+TEST(Decode, StridedCacheViews) {
+  const int64_t B = 2, N = 1, H = 8, Hkv = 2, d = 64, M = 777, cap = 1000;
+  const Tensor q = test::random_tensor({B, N, H, d}, 1, -1.5f, 1.5f);
+  const Tensor kbuf = test::random_tensor({B, cap, Hkv * d}, 2, -1.5f, 1.5f);
+  const Tensor vbuf = test::random_tensor({B, cap, Hkv * d}, 3);
+  for (bool half : {false, true}) {
+    SCOPED_TRACE(half ? "bf16" : "fp32");
+    const Tensor kb = half ? rounded_to_bf16(kbuf) : kbuf, vb = half ? rounded_to_bf16(vbuf) : vbuf,
+                 qq = half ? rounded_to_bf16(q) : q;
+    const Tensor k = kb.as_strided({B, M, Hkv, d}, {cap * Hkv * d, Hkv * d, d, 1});
+    const Tensor v = vb.as_strided({B, M, Hkv, d}, {cap * Hkv * d, Hkv * d, d, 1});
+    Tensor kc = Tensor::empty({B, M, Hkv, d}), vc = Tensor::empty({B, M, Hkv, d});
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < M * Hkv * d; ++j) {
+        const int64_t at = b * cap * Hkv * d + j;
+        kc.data<float>()[b * M * Hkv * d + j] = half ? bf16_to_float(kb.data<bf16>()[at]) : kb.data<float>()[at];
+        vc.data<float>()[b * M * Hkv * d + j] = half ? bf16_to_float(vb.data<bf16>()[at]) : vb.data<float>()[at];
+      }
+    AttentionOptions o;
+    o.mask = Mask::causal();
+    Tensor want = Tensor::empty({B, N, H, d}), out = Tensor::full({B, N, H, d}, NAN);
+    attention_reference_forward(half ? widened_to_f32(qq) : qq, kc, vc, o, want);
+    attention_decode_forward(qq, k, v, o, out);
+    expect_close(out, want, 2e-5, "out");
+  }
+}
 
 TEST(DecodeDispatch, OnlyFewRowsWithoutDropoutOrTensorMasks) {
   const Tensor q1 = Tensor::zeros({1, 1, 4, 8}), q9 = Tensor::zeros({1, kDecodeMaxQueryRows + 1, 4, 8});
