@@ -92,6 +92,8 @@ void bench_decode(const DecodeFlags& f) {
   std::printf("decode: B %lld, N 1, H %lld query heads over %lld key/value heads, %d threads\n",
               static_cast<long long>(f.batch), static_cast<long long>(f.heads), static_cast<long long>(f.kv_heads),
               num_threads());
+  std::printf("kernel: %s vectors (chosen at run time; CABM_SIMD_ISA=portable|avx2|avx512 pins it)\n",
+              attention_decode_isa());
   std::printf("memory-copy bandwidth (same run, bytes copied per second): %.1f GB/s\n", copy * 1e-9);
   std::printf("GB/s: K and V bytes read per second; %%copy: of the copy bandwidth above\n\n");
   std::printf("%8s %5s %6s %10s %9s %8s %7s\n", "M", "d", "cache", "KV_MiB", "ms", "GB/s", "%copy");

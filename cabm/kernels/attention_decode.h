@@ -21,6 +21,10 @@
 
 namespace cabm {
 
+// The instruction set the kernel runs with now (cpu_isa.h: the widest this CPU has, or the
+// override): "avx512", "avx2" or "portable". Every set is compiled into every build.
+const char* attention_decode_isa();
+
 // Query rows per head up to which attention_forward takes this kernel.
 inline constexpr int64_t kDecodeMaxQueryRows = 8;
 

@@ -11,11 +11,29 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+// CABM_SIMD_LEVEL chooses the flavour explicitly (2 avx512, 1 avx2, 0 portable) for code compiled
+// for one instruction set inside a `#pragma GCC target` region (attention_decode_body.h: GCC does
+// not define __AVX512F__ there), with CABM_SIMD_NS naming its namespace, one per flavour, so that
+// the inline functions of two flavours never merge at link time. Otherwise the build's flags
+// choose, in namespace cabm::simd.
+#if !defined(CABM_SIMD_LEVEL)
+#if defined(__AVX512F__)
+#define CABM_SIMD_LEVEL 2
+#elif defined(__AVX2__) && defined(__FMA__)
+#define CABM_SIMD_LEVEL 1
+#else
+#define CABM_SIMD_LEVEL 0
+#endif
+#endif
+#if !defined(CABM_SIMD_NS)
+#define CABM_SIMD_NS simd
+#endif
+
+#if CABM_SIMD_LEVEL > 0
 #include "cabm/kernels/x86_intrinsics.h"
 #endif
 
-namespace cabm::simd {
+namespace cabm::CABM_SIMD_NS {
 
 // exp2(x) = 2^n · 2^f with n = round(x), f = x − n ∈ [−½, ½]; 2^f by the degree-6 polynomial of
 // Cephes' exp2f (relative error < 2e-7 on [−½, ½]). For x <= 0, the only arguments the kernels need
@@ -33,7 +51,7 @@ inline constexpr float kExp2Min = -126.0f;
 // bits cleared): bit for bit bf16_to_float(float_to_bf16(x)) of cabm/core/dtype.h, NaN included (a quiet
 // NaN with the upper payload). Integer form: (u + 0x7fff + lsb) & 0xffff0000, lsb = bit 16 of u.
 
-#if defined(__AVX512F__)
+#if CABM_SIMD_LEVEL == 2
 
 inline constexpr int kWidth = 16;
 inline constexpr const char* kIsa = "avx512";
@@ -111,7 +129,7 @@ inline Vec round_to_bf16(Vec x) {
   return {_mm512_castsi512_ps(_mm512_mask_blend_epi32(nan, rounded, quiet))};
 }
 
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif CABM_SIMD_LEVEL == 1
 
 inline constexpr int kWidth = 8;
 inline constexpr const char* kIsa = "avx2";
@@ -334,4 +352,4 @@ inline float reduce_max(Vec a) {
   return m;
 }
 
-}  // namespace cabm::simd
+}  // namespace cabm::CABM_SIMD_NS

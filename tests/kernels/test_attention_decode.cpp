@@ -7,6 +7,7 @@
 #include "cabm/kernels/attention_decode.h"
 #include "cabm/kernels/attention_simd.h"
 #include "cabm/kernels/bf16.h"
+#include "cabm/kernels/cpu_isa.h"
 #include "util/test_util.h"
 
 #include <algorithm>
@@ -92,47 +93,75 @@ const std::vector<Case> kCases = {
 
 class Decode : public ::testing::TestWithParam<size_t> {};
 
+void check_case(const OptionCase& oc, const Case& c);
+
+// Pins the decode kernel's instruction set for a scope (cpu_isa.h).
+struct ScopedSimdIsa {
+  explicit ScopedSimdIsa(SimdIsa isa) { set_simd_isa_override(isa); }
+  ~ScopedSimdIsa() { set_simd_isa_override(std::nullopt); }
+};
+
+// The instruction sets this CPU runs; the others are printed as skipped.
+std::vector<SimdIsa> runnable_isas() {
+  std::vector<SimdIsa> isas;
+  for (SimdIsa isa : {SimdIsa::kPortable, SimdIsa::kAvx2, SimdIsa::kAvx512}) {
+    if (cpu_supports(isa)) {
+      isas.push_back(isa);
+    } else {
+      std::printf("skipped: the %s decode kernel (this CPU lacks %s)\n", simd_isa_name(isa), simd_isa_name(isa));
+    }
+  }
+  return isas;
+}
+
 TEST_P(Decode, MatchesReference) {
   const OptionCase oc = option_cases()[GetParam()];
-  for (const Case& c : kCases) {
-    SCOPED_TRACE(oc.name + " B " + std::to_string(c.B) + " N " + std::to_string(c.N) + " M " + std::to_string(c.M) +
-                 " H " + std::to_string(c.H) + "/" + std::to_string(c.Hkv) + " d " + std::to_string(c.d));
-    const AttentionOptions o = oc.make(c);
-    const Tensor q = test::random_tensor({c.B, c.N, c.H, c.d}, 1, -1.5f, 1.5f);
-    const Tensor k = test::random_tensor({c.B, c.M, c.Hkv, c.d}, 2, -1.5f, 1.5f);
-    const Tensor v = test::random_tensor({c.B, c.M, c.Hkv, c.dv}, 3);
-    Tensor want = Tensor::empty({c.B, c.N, c.H, c.dv}), want_lse = Tensor::empty({c.B, c.H, c.N});
-    attention_reference_forward(q, k, v, o, want, nullptr, &want_lse);
-    ASSERT_EQ(attention_forward_kernel(q, k, o), AttentionKernel::kDecode);
-    Tensor out = Tensor::full({c.B, c.N, c.H, c.dv}, NAN), lse = Tensor::full({c.B, c.H, c.N}, NAN);
-    attention_forward(q, k, v, o, out, &lse);  // the entry point: decode, sinks folded
-    expect_close(out, want, 2e-5, "out");
-    expect_close(lse, want_lse, 2e-5, "lse");
-
-    // Same chunk size: identical bits for 1 and 2 threads; small chunks: the same numbers.
-    if (!o.sinks.defined()) {
-      Tensor a = Tensor::empty(want.shape()), b = Tensor::empty(want.shape()), small = Tensor::empty(want.shape());
-      {
-        test::ScopedThreads one(1);
-        attention_decode_forward(q, k, v, o, a, nullptr, 256);
-      }
-      {
-        test::ScopedThreads two(2);
-        attention_decode_forward(q, k, v, o, b, nullptr, 256);
-        attention_decode_forward(q, k, v, o, small, nullptr, 7);
-      }
-      EXPECT_EQ(a.to_vector(), b.to_vector());
-      expect_close(small, want, 2e-5, "out (chunks of 7)");
-    }
-
-    // A BF16 cache (and query): the reference on the widened bf16 values; P is not rounded.
-    const Tensor q16 = rounded_to_bf16(q), k16 = rounded_to_bf16(k), v16 = rounded_to_bf16(v);
-    attention_reference_forward(widened_to_f32(q16), widened_to_f32(k16), widened_to_f32(v16), o, want, nullptr,
-                                &want_lse);
-    attention_forward(q16, k16, v16, o, out, &lse);
-    expect_close(out, want, 2e-5, "out (bf16)");
-    expect_close(lse, want_lse, 2e-5, "lse (bf16)");
+  for (SimdIsa isa : runnable_isas()) {
+    const ScopedSimdIsa pin(isa);
+    SCOPED_TRACE(std::string("isa ") + attention_decode_isa());
+    ASSERT_STREQ(attention_decode_isa(), simd_isa_name(isa));
+    for (const Case& c : kCases) check_case(oc, c);
   }
+}
+
+void check_case(const OptionCase& oc, const Case& c) {
+  SCOPED_TRACE(oc.name + " B " + std::to_string(c.B) + " N " + std::to_string(c.N) + " M " + std::to_string(c.M) +
+               " H " + std::to_string(c.H) + "/" + std::to_string(c.Hkv) + " d " + std::to_string(c.d));
+  const AttentionOptions o = oc.make(c);
+  const Tensor q = test::random_tensor({c.B, c.N, c.H, c.d}, 1, -1.5f, 1.5f);
+  const Tensor k = test::random_tensor({c.B, c.M, c.Hkv, c.d}, 2, -1.5f, 1.5f);
+  const Tensor v = test::random_tensor({c.B, c.M, c.Hkv, c.dv}, 3);
+  Tensor want = Tensor::empty({c.B, c.N, c.H, c.dv}), want_lse = Tensor::empty({c.B, c.H, c.N});
+  attention_reference_forward(q, k, v, o, want, nullptr, &want_lse);
+  ASSERT_EQ(attention_forward_kernel(q, k, o), AttentionKernel::kDecode);
+  Tensor out = Tensor::full({c.B, c.N, c.H, c.dv}, NAN), lse = Tensor::full({c.B, c.H, c.N}, NAN);
+  attention_forward(q, k, v, o, out, &lse);  // the entry point: decode, sinks folded
+  expect_close(out, want, 2e-5, "out");
+  expect_close(lse, want_lse, 2e-5, "lse");
+
+  // Same chunk size: identical bits for 1 and 2 threads; small chunks: the same numbers.
+  if (!o.sinks.defined()) {
+    Tensor a = Tensor::empty(want.shape()), b = Tensor::empty(want.shape()), small = Tensor::empty(want.shape());
+    {
+      test::ScopedThreads one(1);
+      attention_decode_forward(q, k, v, o, a, nullptr, 256);
+    }
+    {
+      test::ScopedThreads two(2);
+      attention_decode_forward(q, k, v, o, b, nullptr, 256);
+      attention_decode_forward(q, k, v, o, small, nullptr, 7);
+    }
+    EXPECT_EQ(a.to_vector(), b.to_vector());
+    expect_close(small, want, 2e-5, "out (chunks of 7)");
+  }
+
+  // A BF16 cache (and query): the reference on the widened bf16 values; P is not rounded.
+  const Tensor q16 = rounded_to_bf16(q), k16 = rounded_to_bf16(k), v16 = rounded_to_bf16(v);
+  attention_reference_forward(widened_to_f32(q16), widened_to_f32(k16), widened_to_f32(v16), o, want, nullptr,
+                              &want_lse);
+  attention_forward(q16, k16, v16, o, out, &lse);
+  expect_close(out, want, 2e-5, "out (bf16)");
+  expect_close(lse, want_lse, 2e-5, "lse (bf16)");
 }
 
 INSTANTIATE_TEST_SUITE_P(All, Decode, ::testing::Range<size_t>(0, option_cases().size()),
@@ -164,8 +193,12 @@ TEST(Decode, StridedCacheViews) {
   const Tensor q = test::random_tensor({B, N, H, d}, 1, -1.5f, 1.5f);
   const Tensor kbuf = test::random_tensor({B, cap, Hkv * d}, 2, -1.5f, 1.5f);
   const Tensor vbuf = test::random_tensor({B, cap, Hkv * d}, 3);
-  for (bool half : {false, true}) {
-    SCOPED_TRACE(half ? "bf16" : "fp32");
+  for (const auto& [isa, half] : {std::pair{SimdIsa::kPortable, false}, {SimdIsa::kPortable, true},
+                                   {SimdIsa::kAvx2, false}, {SimdIsa::kAvx2, true},
+                                   {SimdIsa::kAvx512, false}, {SimdIsa::kAvx512, true}}) {
+    if (!cpu_supports(isa)) continue;  // printed by Decode.MatchesReference
+    const ScopedSimdIsa pin(isa);
+    SCOPED_TRACE(std::string(half ? "bf16 " : "fp32 ") + simd_isa_name(isa));
     const Tensor kb = half ? rounded_to_bf16(kbuf) : kbuf, vb = half ? rounded_to_bf16(vbuf) : vbuf,
                  qq = half ? rounded_to_bf16(q) : q;
     const Tensor k = kb.as_strided({B, M, Hkv, d}, {cap * Hkv * d, Hkv * d, d, 1});

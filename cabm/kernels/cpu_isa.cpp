@@ -1,0 +1,79 @@
+#include "cabm/kernels/cpu_isa.h"
+
+#include "cabm/core/error.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <string_view>
+
+namespace cabm {
+namespace {
+
+// -1: no override; else the SimdIsa value.
+std::atomic<int> g_override{-1};
+
+SimdIsa widest_supported() {
+  if (cpu_supports(SimdIsa::kAvx512)) return SimdIsa::kAvx512;
+  if (cpu_supports(SimdIsa::kAvx2)) return SimdIsa::kAvx2;
+  return SimdIsa::kPortable;
+}
+
+// CABM_SIMD_ISA, read once; an unknown or unsupported value is a usage error naming the variable.
+SimdIsa from_environment() {
+  const char* env = std::getenv("CABM_SIMD_ISA");
+  if (env == nullptr || *env == '\0') return widest_supported();
+  const std::string_view name(env);
+  for (SimdIsa isa : {SimdIsa::kPortable, SimdIsa::kAvx2, SimdIsa::kAvx512}) {
+    if (name != simd_isa_name(isa)) continue;
+    if (!cpu_supports(isa))
+      throw UsageError(fmt::format("CABM_SIMD_ISA={}: this CPU does not run {} code", name, name));
+    return isa;
+  }
+  throw UsageError(
+      fmt::format("CABM_SIMD_ISA={}: expected portable, avx2 or avx512 (or unset: the widest this CPU runs)", name));
+}
+
+}  // namespace
+
+bool cpu_supports(SimdIsa isa) {
+#if defined(__x86_64__) || defined(__i386__)
+  switch (isa) {
+    case SimdIsa::kPortable:
+      return true;
+    case SimdIsa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case SimdIsa::kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") && cpu_supports(SimdIsa::kAvx2);
+  }
+  return false;
+#else
+  return isa == SimdIsa::kPortable;
+#endif
+}
+
+SimdIsa simd_isa() {
+  const int pinned = g_override.load(std::memory_order_relaxed);
+  if (pinned >= 0) return static_cast<SimdIsa>(pinned);
+  static const SimdIsa chosen = from_environment();
+  return chosen;
+}
+
+void set_simd_isa_override(std::optional<SimdIsa> isa) {
+  if (isa) CABM_CHECK(cpu_supports(*isa), "set_simd_isa_override: this CPU does not run {} code", simd_isa_name(*isa));
+  g_override.store(isa ? static_cast<int>(*isa) : -1, std::memory_order_relaxed);
+}
+
+const char* simd_isa_name(SimdIsa isa) {
+  switch (isa) {
+    case SimdIsa::kPortable:
+      return "portable";
+    case SimdIsa::kAvx2:
+      return "avx2";
+    case SimdIsa::kAvx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+}  // namespace cabm

@@ -1,0 +1,33 @@
+// The vector instruction sets of the kernels that are compiled once per set and chosen at run
+// time (today: the split-key decode kernel, attention_decode.h). Each such kernel is built for
+// every set in the same binary, whatever the build's own flags (CABM_NATIVE=OFF included), and
+// calls the widest one this CPU and OS run, so that one binary is fast on every x86-64 CPU.
+//   kAvx512   AVX-512 F, BW, DQ, VL (16 fp32 lanes)
+//   kAvx2     AVX2 + FMA (8 lanes)
+//   kPortable plain C++ (the compiler may vectorise it for the build's flags)
+// CABM_SIMD_ISA=portable|avx2|avx512 in the environment (read at first use) or
+// set_simd_isa_override() pins a set, so tests and benchmarks can compare them; an unknown name
+// or a set the CPU lacks is an error (UsageError for the variable).
+#pragma once
+
+#include <optional>
+
+namespace cabm {
+
+enum class SimdIsa { kPortable, kAvx2, kAvx512 };
+
+// Whether this CPU and OS run code for `isa` (CPUID and the OS-enabled vector state, as GCC's
+// __builtin_cpu_supports reports them). kPortable: always.
+bool cpu_supports(SimdIsa isa);
+
+// The set the dispatched kernels use now: the override, else CABM_SIMD_ISA, else the widest that
+// cpu_supports().
+SimdIsa simd_isa();
+
+// Pins the set (nullopt: back to the default). A CABM_CHECK fails for a set the CPU lacks. Not
+// meant to be changed while kernels run on other threads.
+void set_simd_isa_override(std::optional<SimdIsa> isa);
+
+const char* simd_isa_name(SimdIsa isa);  // "portable", "avx2", "avx512"
+
+}  // namespace cabm
