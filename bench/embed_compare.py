@@ -1,8 +1,9 @@
 """Sentence-embedding throughput of `cabm embed` beside transformers (PyTorch), ONNX Runtime and
 CTranslate2 on the same BERT weights and the same texts (issue 14; docs/hf_speed.md).
 
-    .venv-bench/bin/python bench/embed_compare.py [--cabm build/release/cabm] [--texts 1000]
-        [--threads 2] [--models minilm,base] [--repeats 3] [--seed 0] [--ort-fusions] [--out-md FILE]
+    .venv-bench/bin/python bench/embed_compare.py [--cabm build/release/cabm] [--cabm-baseline BINARY]
+        [--texts 1000] [--threads 2] [--models minilm,base] [--repeats 3] [--seed 0] [--ort-fusions]
+        [--out-md FILE]
 
 The bench venv comes from scripts/setup_bench_venv.sh (pins: scripts/requirements-bench.txt).
 Each model is a transformers `BertModel(BertConfig(...))` with random weights from --seed
@@ -22,7 +23,10 @@ shows the median; one batch per framework runs first, untimed. The first repeat'
 each framework are compared with transformers': fp32 must agree within 1e-4 x max|embedding|
 (exit status 1 if not), bf16 is shown (max abs difference, least cosine) but not held to that.
 --ort-fusions adds a row for the graph rewritten by ONNX Runtime's BERT optimizer (Attention,
-SkipLayerNormalization, BiasGelu, EmbedLayerNormalization fused operators).
+SkipLayerNormalization, BiasGelu, EmbedLayerNormalization fused operators). --cabm-baseline runs a
+second cabm binary (say, the one before a change) in the same repeats, back to back with the first
+(in turn after and before it), so that a before/after comparison sees the same load on the machine;
+its rows say "(baseline)".
 """
 import argparse
 import os
@@ -76,6 +80,8 @@ def parse_args():
     p.add_argument("--cabm", default=os.path.join(REPO, "build/release/cabm"),
                    help="cabm binary ('' or 'none': leave cabm out)")
     p.add_argument("--texts", type=int, default=1000)
+    p.add_argument("--cabm-baseline", default="",
+                   help="a second cabm binary run in the same repeats (rows 'cabm embed (baseline)')")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--models", type=lambda s: s.split(","), default=["minilm", "base"])
     p.add_argument("--repeats", type=int, default=3)
@@ -93,6 +99,10 @@ def parse_args():
         a.cabm = ""
     elif not os.access(a.cabm, os.X_OK):
         p.error(f"--cabm: {a.cabm} is not an executable file")
+    if a.cabm_baseline and not os.access(a.cabm_baseline, os.X_OK):
+        p.error(f"--cabm-baseline: {a.cabm_baseline} is not an executable file")
+    if a.cabm_baseline and not a.cabm:
+        p.error("--cabm-baseline needs --cabm")
     return a
 
 
@@ -307,14 +317,15 @@ class Ct2Runner:
 class CabmRunner:
     """`cabm embed` as a subprocess; embed() returns (embeddings, wall seconds)."""
 
-    def __init__(self, cabm, model_dir, threads, precision, work):
-        self.name, self.precision, self.loading = "cabm embed", precision, "included"
+    def __init__(self, cabm, model_dir, threads, precision, work, name="cabm embed"):
+        self.name, self.precision, self.loading = name, precision, "included"
         self.cmd = [cabm, "embed", "--model", model_dir, "--pooling", "mean", "--batch-size", str(BATCH),
                     "--threads", str(threads), "--precision", precision]
         self.work = work
 
     def run(self, texts_path):
-        out = os.path.join(self.work, f"cabm_{self.precision}.safetensors")
+        tag = "baseline" if "baseline" in self.name else "cabm"
+        out = os.path.join(self.work, f"{tag}_{self.precision}.safetensors")
         env = dict(os.environ, CABM_NUM_THREADS=self.cmd[self.cmd.index("--threads") + 1])
         t0 = time.perf_counter()
         r = subprocess.run(self.cmd + ["--input", texts_path, "--output", out], env=env,
@@ -360,13 +371,17 @@ def bench_model(name, a, root, log):
     ct2_dir = os.path.join(root, f"{name}_ct2")
     ctranslate2.converters.TransformersConverter(model_dir).convert(ct2_dir, force=True)
     runners.append(Ct2Runner(ct2_dir, tokenizer, a.threads))
-    cabms = [CabmRunner(a.cabm, model_dir, a.threads, p, root) for p in ("fp32", "bf16")] if a.cabm else []
+    cabms = []
+    for p in ("fp32", "bf16") if a.cabm else ():
+        cabms.append(CabmRunner(a.cabm, model_dir, a.threads, p, root))
+        if a.cabm_baseline:
+            cabms.append(CabmRunner(a.cabm_baseline, model_dir, a.threads, p, root, "cabm embed (baseline)"))
 
     # Warm-up: one batch each (thread pools, oneDNN/MKL kernels, the page cache for cabm).
     for r in runners:
         r.embed(texts[:BATCH])
     times = {(r.name, r.precision): [] for r in runners + cabms}
-    load = {c.precision: [] for c in cabms}
+    load = {(c.name, c.precision): [] for c in cabms}
     ref, checks = None, {}
     for rep in range(a.repeats):
         for r in runners:
@@ -377,8 +392,13 @@ def bench_model(name, a, root, log):
                 ref = emb
             elif rep == 0:
                 checks[r.name, r.precision] = agreement(emb, ref)
-        for c in cabms:
-            load[c.precision].append(c.run(one_path)[1])
+        # With a baseline, each precision's two binaries run back to back, the baseline second in
+        # even repeats and first in odd ones.
+        order = cabms
+        if a.cabm_baseline and rep % 2:
+            order = [c for i in range(0, len(cabms), 2) for c in cabms[i:i + 2][::-1]]
+        for c in order:
+            load[c.name, c.precision].append(c.run(one_path)[1])
             emb, wall = c.run(texts_path)
             times[c.name, c.precision].append(wall)
             if rep == 0:
@@ -402,16 +422,16 @@ def bench_model(name, a, root, log):
                          spread=spread(times[r.name, r.precision]),
                          check=checks.get((r.name, r.precision), (0.0, 1.0))))
     for c in cabms:
-        t, t1 = statistics.median(times[c.name, c.precision]), statistics.median(load[c.precision])
-        rows.append(dict(framework="cabm embed", precision=c.precision, loading="included", seconds=t,
+        t, t1 = statistics.median(times[c.name, c.precision]), statistics.median(load[c.name, c.precision])
+        rows.append(dict(framework=c.name, precision=c.precision, loading="included", seconds=t,
                          tps=len(texts) / t, best=len(texts) / min(times[c.name, c.precision]),
                          spread=spread(times[c.name, c.precision]),
                          check=checks[c.name, c.precision]))
-        rows.append(dict(framework="cabm embed", precision=c.precision,
+        rows.append(dict(framework=c.name, precision=c.precision,
                          loading=f"subtracted ({t1:.2f} s)", seconds=t - t1, tps=len(texts) / (t - t1),
-                         best=len(texts) / (min(times[c.name, c.precision]) - min(load[c.precision])),
+                         best=len(texts) / (min(times[c.name, c.precision]) - min(load[c.name, c.precision])),
                          spread="", check=checks[c.name, c.precision]))
-    best = max(r["tps"] for r in rows if r["framework"] != "cabm embed" and r["precision"] == "fp32")
+    best = max(r["tps"] for r in rows if not r["framework"].startswith("cabm embed") and r["precision"] == "fp32")
     for r in rows:
         r["ratio"] = r["tps"] / best
         r["model"] = name
@@ -452,6 +472,10 @@ def main():
             cabm_info = "%s (built %s)" % (a.cabm, time.strftime(
                 "%Y-%m-%d %H:%M UTC", time.gmtime(os.path.getmtime(a.cabm))))
             a.cabm = shutil.copy(a.cabm, os.path.join(root, "cabm"))
+            if a.cabm_baseline:
+                cabm_info += "; baseline: %s (built %s)" % (a.cabm_baseline, time.strftime(
+                    "%Y-%m-%d %H:%M UTC", time.gmtime(os.path.getmtime(a.cabm_baseline))))
+                a.cabm_baseline = shutil.copy(a.cabm_baseline, os.path.join(root, "cabm_baseline"))
         for name in a.models:
             rows, good, tokens[name] = bench_model(name, a, root, log)
             all_rows += rows

@@ -22,22 +22,25 @@ struct Loader {
 
   bool has(const std::string& key) const { return file.find(key) != nullptr; }
 
-  void take(const std::string& key, const Tensor& dst) {
+  // The tensor as F32 of `shape` (BF16 converted).
+  Tensor get(const std::string& key, const Shape& shape) {
     const Tensor& src = file.get(key);  // "PATH: missing tensor 'key'"
     if (src.dtype() != DType::F32 && src.dtype() != DType::BF16)
       throw Error(fmt::format("{}: tensor '{}' has dtype {}, expected F32, F16 or BF16", file.path, key,
                               dtype_name(src.dtype())));
-    if (src.shape() != dst.shape())
+    if (src.shape() != shape)
       throw Error(fmt::format("{}: tensor '{}' has shape {}, expected {}", file.path, key, shape_str(src.shape()),
-                              shape_str(dst.shape())));
-    Tensor out = dst;
-    if (src.dtype() == DType::F32) {
-      out.copy_from(src);
-    } else {
-      out.copy_from(Tensor::from_vector(src.to_vector(), src.shape()));
-    }
+                              shape_str(shape)));
     taken.insert(key);
+    return src.dtype() == DType::F32 ? src.contiguous() : Tensor::from_vector(src.to_vector(), src.shape());
   }
+  void take(const std::string& key, const Tensor& dst) {
+    Tensor out = dst;
+    out.copy_from(get(key, dst.shape()));
+  }
+  // An embedding table as read, not copied: the word embeddings are half of a small BERT, and a
+  // zeroed table to copy them into would be as much fresh memory again (loading time).
+  Embedding table(const std::string& key, int64_t rows, int64_t E) { return Embedding{get(key, {rows, E})}; }
   void take(const std::string& prefix, const Linear& linear) {
     take(prefix + "weight", linear.weight);
     take(prefix + "bias", linear.bias);
@@ -94,19 +97,16 @@ HfEncoder load_hf_encoder(const std::filesystem::path& model_dir) {
                                                     load.has(c.base_prefix() + "embeddings.word_embeddings.weight")))
     p = c.base_prefix();
 
-  m.word = make_embedding(c.vocab_size, E);
-  load.take(p + "embeddings.word_embeddings.weight", m.word.weight);
-  m.position = make_embedding(c.max_position_embeddings, E);
+  m.word = load.table(p + "embeddings.word_embeddings.weight", c.vocab_size, E);
   const std::string position_key = p + "embeddings.position_embeddings.weight";
   if (c.sinusoidal_pos_embds && !load.has(position_key)) {
+    m.position = make_embedding(c.max_position_embeddings, E);
     fill_sinusoidal(m.position.weight);
   } else {
-    load.take(position_key, m.position.weight);
+    m.position = load.table(position_key, c.max_position_embeddings, E);
   }
-  if (c.family != HfFamily::kDistilBert) {
-    m.token_type = make_embedding(c.type_vocab_size, E);
-    load.take(p + "embeddings.token_type_embeddings.weight", m.token_type.weight);
-  }
+  if (c.family != HfFamily::kDistilBert)
+    m.token_type = load.table(p + "embeddings.token_type_embeddings.weight", c.type_vocab_size, E);
   m.embed_norm = make_layer_norm(E, c.layer_norm_eps);
   load.take(p + "embeddings.LayerNorm.", m.embed_norm);
 
@@ -194,40 +194,6 @@ void check_ids(const Tensor& t, const char* what, int64_t B, int64_t T) {
   if (t.dtype() != DType::I64 || t.dim() != 2 || (B >= 0 && (t.size(0) != B || t.size(1) != T)))
     throw Error(fmt::format("{} must be I64 [{}, {}], got {} {}", what, B < 0 ? "B" : std::to_string(B),
                             B < 0 ? "T" : std::to_string(T), dtype_name(t.dtype()), shape_str(t.shape())));
-}
-
-// 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), transformers' gelu_new / PyTorch's approximate="tanh".
-void gelu_tanh(float* x, int64_t n) {
-  constexpr float kAlpha = 0.7978845608028654f;  // √(2/π)
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    x[i] = 0.5f * v * (1.0f + std::tanh(kAlpha * (v + 0.044715f * v * v * v)));
-  }
-}
-
-void add(const float* a, const float* b, float* out, int64_t n) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
-}
-
-// The post-norm layer with the tanh GELU, which EncoderLayer's Activation does not have: the
-// same modules and the same order of operations as encoder_layer_forward in eval mode.
-const Tensor& layer_forward_gelu_tanh(const EncoderLayer& layer, const Tensor& x, const Mask& mask,
-                                      EncoderLayerCache& c) {
-  const Shape shape = x.shape();
-  const int64_t n = x.numel(), rows = n / shape[2];
-  for (Tensor* t : {&c.norm1_out, &c.mid, &c.ffn_out, &c.sum2, &c.output}) ensure_shape(*t, shape);
-  const Tensor& attn = multi_head_attention_forward(layer.self_attn, AttentionInputs{x, x, x, mask}, c.attn);
-  add(x.data<float>(), attn.data<float>(), c.mid.data<float>(), n);
-  layer_norm_forward(layer.norm1, as_rows(c.mid), as_rows(c.norm1_out), c.norm1);
-  ensure_shape(c.ffn.hidden, {rows, layer.ffn.linear1.out_features()});
-  linear_forward(layer.ffn.linear1, as_rows(c.norm1_out), c.ffn.hidden);
-  gelu_tanh(c.ffn.hidden.data<float>(), c.ffn.hidden.numel());
-  linear_forward(layer.ffn.linear2, c.ffn.hidden, as_rows(c.ffn_out));
-  add(c.norm1_out.data<float>(), c.ffn_out.data<float>(), c.sum2.data<float>(), n);
-  layer_norm_forward(layer.norm2, as_rows(c.sum2), as_rows(c.output), c.norm2);
-  return c.output;
 }
 
 // The embeddings' sum before their LayerNorm, in transformers' order: (word + token_type) + position.
@@ -346,9 +312,9 @@ Tensor hf_classifier_forward(const HfEncoder& model, const Tensor& hidden) {
   return {};
 }
 
-HfOutputs hf_encoder_forward(const HfEncoder& model, const HfInputs& inputs, HfEncoderCache& cache) {
+const Tensor& hf_encoder_hidden(const HfEncoder& model, const HfInputs& inputs, HfEncoderCache& cache) {
   check_ids(inputs.input_ids, "input_ids", -1, -1);
-  const int64_t B = inputs.input_ids.size(0), T = inputs.input_ids.size(1), E = model.hidden_size();
+  const int64_t B = inputs.input_ids.size(0), T = inputs.input_ids.size(1);
   if (B == 0 || T == 0) throw Error(fmt::format("input_ids {} is empty", shape_str(inputs.input_ids.shape())));
   if (inputs.token_type_ids.defined()) check_ids(inputs.token_type_ids, "token_type_ids", B, T);
   if (inputs.attention_mask.defined()) check_ids(inputs.attention_mask, "attention_mask", B, T);
@@ -358,21 +324,24 @@ HfOutputs hf_encoder_forward(const HfEncoder& model, const HfInputs& inputs, HfE
   if (model.config.family == HfFamily::kDistilBert) in.token_type_ids = Tensor();
   const Mask mask = mask_from_attention_mask(in.attention_mask);
 
-  embed(model, in, cache.scratch);
-  ensure_shape(cache.x, {B, T, E});
-  layer_norm_forward(model.embed_norm, as_rows(cache.scratch), as_rows(cache.x), cache.norm);
-  cache.layers.resize(model.layers.size());
-  const Tensor* x = &cache.x;
-  for (size_t l = 0; l < model.layers.size(); ++l) {
-    x = model.config.activation == HfActivation::kGeluTanh
-            ? &layer_forward_gelu_tanh(model.layers[l], *x, mask, cache.layers[l])
-            : &encoder_layer_forward(model.layers[l], *x, mask, cache.layers[l]);
-  }
+  embed(model, in, cache.x);  // [B, T, E], then normalised in place
+  layer_norm_forward(model.embed_norm, as_rows(cache.x), as_rows(cache.x), cache.norm);
+  const InferenceActivation activation =
+      model.config.activation == HfActivation::kGeluTanh ? InferenceActivation::kGeluTanh : InferenceActivation::kLayer;
+  for (const EncoderLayer& layer : model.layers) encoder_layer_infer(layer, cache.x, mask, cache.work, activation);
+  return cache.x;
+}
+
+HfOutputs hf_outputs(const HfEncoder& model, const Tensor& hidden) {
   HfOutputs out;
-  out.last_hidden_state = x->clone();
-  if (model.pooler) out.pooler_output = hf_pooler_forward(model, out.last_hidden_state);
-  if (model.has_classifier()) out.logits = hf_classifier_forward(model, out.last_hidden_state);
+  out.last_hidden_state = hidden;
+  if (model.pooler) out.pooler_output = hf_pooler_forward(model, hidden);
+  if (model.has_classifier()) out.logits = hf_classifier_forward(model, hidden);
   return out;
+}
+
+HfOutputs hf_encoder_forward(const HfEncoder& model, const HfInputs& inputs, HfEncoderCache& cache) {
+  return hf_outputs(model, hf_encoder_hidden(model, inputs, cache).clone());
 }
 
 }  // namespace cabm

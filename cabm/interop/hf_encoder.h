@@ -32,6 +32,7 @@
 
 #include "cabm/interop/hf_config.h"
 #include "cabm/nn/embedding.h"
+#include "cabm/nn/encoder_inference.h"
 #include "cabm/nn/encoder_layer.h"
 #include "cabm/nn/mixed_precision.h"
 
@@ -45,7 +46,7 @@ struct HfEncoder {
   HfEncoderConfig config;
   Embedding word, position, token_type;  // token_type undefined for DistilBERT
   LayerNorm embed_norm;
-  std::vector<EncoderLayer> layers;  // activation per config (the tanh GELU runs beside the module)
+  std::vector<EncoderLayer> layers;  // activation per config (the tanh GELU: InferenceActivation)
   std::optional<Linear> pooler;      // pooler.dense [E, E]
   // Sequence-classification head: Bert: head_out = classifier; RoBERTa: head_dense =
   // classifier.dense, head_out = classifier.out_proj; DistilBERT: head_dense = pre_classifier,
@@ -78,17 +79,25 @@ struct HfOutputs {
   Tensor logits;             // F32 [B, num_labels] for *ForSequenceClassification
 };
 
-// Buffers reused across calls of one shape.
+// Buffers reused across calls, sized by the largest batch so far (later, smaller batches touch no
+// fresh memory), and shared by all layers.
 struct HfEncoderCache {
-  std::vector<EncoderLayerCache> layers;
-  Tensor x;        // [B, T, E] embeddings
-  Tensor scratch;  // [B, T, E] sum of the embeddings before their LayerNorm
+  Tensor x;  // [B, T, E]: the sum of the embeddings, their LayerNorm, then each layer's output, in place
   LayerNormCache norm;
+  EncoderInferenceWorkspace work;
 };
 
 // The forward pass (eval). Ids outside the tables, positions beyond max_position_embeddings and
 // malformed inputs are a cabm::Error naming what is wrong.
 HfOutputs hf_encoder_forward(const HfEncoder& model, const HfInputs& inputs, HfEncoderCache& cache);
+
+// The encoder alone, without a copy: returns cache.x [B, T, E], the last hidden state, valid until
+// the next call with this cache.
+const Tensor& hf_encoder_hidden(const HfEncoder& model, const HfInputs& inputs, HfEncoderCache& cache);
+
+// The outputs of a last hidden state [B, T, E]: last_hidden_state = hidden itself (not a copy),
+// the pooler's output and logits when the model has them.
+HfOutputs hf_outputs(const HfEncoder& model, const Tensor& hidden);
 
 // The pieces, for callers that run the encoder on their own batches (cabm/interop/hf_pipeline.h):
 // hidden [B, T, E] → pooler output / logits of token 0.

@@ -75,7 +75,7 @@ void hf_run_batches(const HfEncoder& model, const std::vector<HfSequence>& seque
         if (tt) tt[b * T + t] = token && !s.token_type_ids.empty() ? s.token_type_ids[static_cast<size_t>(t)] : 0;
       }
     }
-    consume(indices, hf_encoder_forward(model, in, cache));
+    consume(indices, hf_outputs(model, hf_encoder_hidden(model, in, cache)));  // no copy of the hidden state
     if (options.progress) options.progress(static_cast<int64_t>(std::min(n, begin + batch)), static_cast<int64_t>(n));
   }
 }
@@ -86,6 +86,7 @@ Tensor hf_embed(const HfEncoder& model, const std::vector<HfSequence>& sequences
   const int64_t n = static_cast<int64_t>(sequences.size()), E = model.hidden_size();
   Tensor out = Tensor::zeros({n, E});
   float* dst = out.data<float>();
+  std::vector<double> sum(static_cast<size_t>(E));
   hf_run_batches(model, sequences, options, [&](const std::vector<size_t>& indices, const HfOutputs& o) {
     const int64_t T = o.last_hidden_state.size(1);
     const float* h = o.last_hidden_state.data<float>();
@@ -94,11 +95,12 @@ Tensor hf_embed(const HfEncoder& model, const std::vector<HfSequence>& sequences
       const float* row = h + static_cast<int64_t>(b) * T * E;
       float* v = dst + static_cast<int64_t>(indices[b]) * E;
       const int64_t count = pooling == HfPooling::kCls ? 1 : len;
-      for (int64_t e = 0; e < E; ++e) {
-        double sum = 0;
-        for (int64_t t = 0; t < count; ++t) sum += row[t * E + e];
-        v[e] = static_cast<float>(sum / std::max<double>(static_cast<double>(count), 1e-9));
-      }
+      // Token by token (each feature's sum in token order), reading the rows as they lie in memory.
+      std::fill(sum.begin(), sum.end(), 0.0);
+      for (int64_t t = 0; t < count; ++t)
+        for (int64_t e = 0; e < E; ++e) sum[static_cast<size_t>(e)] += row[t * E + e];
+      for (int64_t e = 0; e < E; ++e)
+        v[e] = static_cast<float>(sum[static_cast<size_t>(e)] / std::max<double>(static_cast<double>(count), 1e-9));
       if (normalize) {
         double sq = 0;
         for (int64_t e = 0; e < E; ++e) sq += static_cast<double>(v[e]) * v[e];

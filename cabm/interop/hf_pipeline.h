@@ -41,7 +41,8 @@ struct HfBatchOptions {
 
 // Runs batch after batch; consume(indices, outputs) gets the input positions of the batch's
 // sequences (row b of the outputs is sequences[indices[b]]) and the model's outputs, padded to the
-// batch's longest sequence.
+// batch's longest sequence. outputs.last_hidden_state is the encoder's own buffer, overwritten by
+// the next batch: copy what must outlive the call.
 void hf_run_batches(const HfEncoder& model, const std::vector<HfSequence>& sequences, const HfBatchOptions& options,
                     const std::function<void(const std::vector<size_t>& indices, const HfOutputs& outputs)>& consume);
 

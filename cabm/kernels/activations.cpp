@@ -7,7 +7,10 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX512F__)
+#include "cabm/kernels/x86_intrinsics.h"
+#define CABM_GELU_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__)
 #include "cabm/kernels/x86_intrinsics.h"
 #define CABM_GELU_AVX2 1
 #endif
@@ -88,7 +91,47 @@ constexpr float kExpMin = -87.0f;  // below: the result is flushed to 0 (exp(−
   cdf = z < 0.0f ? half_q : 1.0f - half_q;
 }
 
-#if CABM_GELU_AVX2
+#if CABM_GELU_AVX512
+// The AVX2 code below on 16 lanes, operation for operation (the same bits): masks for its
+// comparisons, roundscale for round, abs for andnot(−0).
+inline __m512 exp_nonpositive(__m512 v) {
+  const __mmask16 flush = _mm512_cmp_ps_mask(v, _mm512_set1_ps(kExpMin), _CMP_LT_OQ);
+  v = _mm512_max_ps(v, _mm512_set1_ps(kExpMin));  // NaN becomes kExpMin: x · Φ still gives NaN
+  const __m512 n =
+      _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), v);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kExpC[6]);
+  for (int k = 5; k >= 0; --k) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpC[k]));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(static_cast<__mmask16>(~flush), p, _mm512_castsi512_ps(bits));
+}
+
+inline void gelu_parts(__m512 x, __m512& cdf, __m512& e) {
+  const __m512 z = _mm512_mul_ps(x, _mm512_set1_ps(kInvSqrt2));
+  const __m512 a = _mm512_min_ps(_mm512_abs_ps(z), _mm512_set1_ps(kMaxA));
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 t = _mm512_div_ps(one, _mm512_fmadd_ps(_mm512_set1_ps(kErfcP), a, one));
+  const __m512 u = _mm512_fmsub_ps(_mm512_set1_ps(2.0f), t, one);
+  __m512 s = _mm512_set1_ps(kErfcS[9]);
+  for (int k = 8; k >= 0; --k) s = _mm512_fmadd_ps(s, u, _mm512_set1_ps(kErfcS[k]));
+  const __m512 half = _mm512_set1_ps(0.5f);
+  const __m512 xa = _mm512_min_ps(_mm512_abs_ps(x), _mm512_set1_ps(kMaxAbsX));
+  const __m512 x2 = _mm512_mul_ps(xa, xa);
+  const __m512 a2 = _mm512_mul_ps(half, x2), a2_lo = _mm512_mul_ps(half, _mm512_fmsub_ps(xa, xa, x2));
+  e = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), a2));
+  e = _mm512_fnmadd_ps(e, a2_lo, e);
+  const __m512 half_q = _mm512_mul_ps(half, _mm512_mul_ps(_mm512_mul_ps(t, s), e));
+  const __mmask16 negative = _mm512_cmp_ps_mask(z, _mm512_setzero_ps(), _CMP_LT_OQ);
+  cdf = _mm512_mask_blend_ps(negative, _mm512_sub_ps(one, half_q), half_q);
+}
+
+// Lanes [0, min(count, 16)).
+inline __mmask16 lanes(int64_t count) {
+  return count >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << count) - 1u);
+}
+
+#elif CABM_GELU_AVX2
 inline __m256 exp_nonpositive(__m256 v) {
   const __m256 flush = _mm256_cmp_ps(v, _mm256_set1_ps(kExpMin), _CMP_LT_OQ);
   v = _mm256_max_ps(v, _mm256_set1_ps(kExpMin));  // NaN becomes kExpMin: x · Φ still gives NaN
@@ -131,7 +174,17 @@ inline __m256i tail_mask(int64_t count) {
 // Every element goes through the same vector code (partial vectors masked), so the result does
 // not depend on where a buffer is split.
 void gelu_forward_span(const float* x, const float* bias, float* x_out, float* y, int64_t n) {
-#if CABM_GELU_AVX2
+#if CABM_GELU_AVX512
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 mask = lanes(n - i);
+    __m512 v = _mm512_maskz_loadu_ps(mask, x + i);
+    if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, bias + i));
+    __m512 cdf, e;
+    gelu_parts(v, cdf, e);
+    if (x_out) _mm512_mask_storeu_ps(x_out + i, mask, v);
+    _mm512_mask_storeu_ps(y + i, mask, _mm512_mul_ps(v, cdf));
+  }
+#elif CABM_GELU_AVX2
   for (int64_t i = 0; i < n; i += 8) {
     const bool full = i + 8 <= n;
     const __m256i mask = tail_mask(n - i);
@@ -161,7 +214,17 @@ void gelu_forward_span(const float* x, const float* bias, float* x_out, float* y
 
 // dx[i] = dy[i] · gelu'(x[i]); dx may alias dy.
 void gelu_backward_span(const float* x, const float* dy, float* dx, int64_t n) {
-#if CABM_GELU_AVX2
+#if CABM_GELU_AVX512
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 mask = lanes(n - i);
+    const __m512 v = _mm512_maskz_loadu_ps(mask, x + i);
+    const __m512 g = _mm512_maskz_loadu_ps(mask, dy + i);
+    __m512 cdf, e;
+    gelu_parts(v, cdf, e);
+    const __m512 pdf = _mm512_mul_ps(e, _mm512_set1_ps(kInvSqrt2Pi));
+    _mm512_mask_storeu_ps(dx + i, mask, _mm512_mul_ps(g, _mm512_fmadd_ps(v, pdf, cdf)));
+  }
+#elif CABM_GELU_AVX2
   for (int64_t i = 0; i < n; i += 8) {
     const bool full = i + 8 <= n;
     const __m256i mask = tail_mask(n - i);
@@ -215,6 +278,12 @@ void backward_span(Activation act, const float* x, const float* dy, float* dx, i
 // Element-wise work is split into blocks of this many elements, a multiple of the vector width.
 constexpr int64_t kBlock = 16384;
 
+// fn(r0, r1) over blocks of whole rows, about kBlock elements each, so a bias lines up with the columns.
+template <typename Fn>
+void for_row_blocks(int64_t rows, int64_t F, Fn&& fn) {
+  parallel_for_blocks(rows, std::max<int64_t>(1, kBlock / std::max<int64_t>(F, 1)), fn);
+}
+
 }  // namespace
 
 void activation_forward(Activation act, const float* x, float* y, int64_t n) {
@@ -252,10 +321,28 @@ void activation_backward_reference(Activation act, const float* x, const float* 
 
 void bias_activation_forward(Activation act, const float* bias, float* pre, float* hidden, int64_t rows, int64_t F) {
   if (!bias) return activation_forward(act, pre, hidden, rows * F);
-  // Whole rows per block (about kBlock elements), so the bias lines up with the columns.
-  const int64_t rows_per_block = std::max<int64_t>(1, kBlock / std::max<int64_t>(F, 1));
-  parallel_for_blocks(rows, rows_per_block, [&](int64_t r0, int64_t r1) {
+  for_row_blocks(rows, F, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) forward_span(act, pre + r * F, bias, pre + r * F, hidden + r * F, F);
+  });
+}
+
+void bias_activation_inplace(Activation act, const float* bias, float* x, int64_t rows, int64_t F) {
+  if (!bias) return activation_forward(act, x, x, rows * F);
+  for_row_blocks(rows, F, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) forward_span(act, x + r * F, bias, nullptr, x + r * F, F);
+  });
+}
+
+void bias_gelu_tanh_inplace(const float* bias, float* x, int64_t rows, int64_t F) {
+  constexpr float kAlpha = 0.7978845608028654f;  // √(2/π)
+  for_row_blocks(rows, F, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* row = x + r * F;
+      for (int64_t c = 0; c < F; ++c) {
+        const float v = bias ? row[c] + bias[c] : row[c];
+        row[c] = 0.5f * v * (1.0f + std::tanh(kAlpha * (v + 0.044715f * v * v * v)));
+      }
+    }
   });
 }
 

@@ -3,8 +3,9 @@
 //
 // Two implementations of GELU, selected here and nowhere else:
 // - the reference (`*_reference`): std::erf / std::exp per element, the formula as written;
-// - the fast path (everything else): Φ from one polynomial and one exp, AVX2 + FMA when the build
-//   has them (scalar code with the same operations otherwise), see activations.cpp. Measured
+// - the fast path (everything else): Φ from one polynomial and one exp, on 16 lanes when the build
+//   has AVX-512, on 8 with AVX2 + FMA (the same operations, so the same bits; scalar code with
+//   them otherwise), see activations.cpp. Measured
 //   against double precision over every float with 1/8 <= |x| < 8 and every 7th beyond, up to
 //   16 (tests/kernels/test_activations.cpp): gelu within 4.5e-7 relative (2.3e-7 absolute on
 //   Φ ≈ 1/2 near 0; about 2e-7 relative elsewhere, 7e-39 absolute where |gelu| < 1e-35), gelu'
@@ -37,6 +38,15 @@ void activation_backward_reference(Activation act, const float* x, const float* 
 // pre, hidden: [rows, F] contiguous, pre updated in place (saved for the backward pass);
 // bias: [F] or null (no bias). hidden must not alias pre.
 void bias_activation_forward(Activation act, const float* bias, float* pre, float* hidden, int64_t rows, int64_t F);
+
+// Inference (nothing saved for a backward pass): x[r, c] = act(x[r, c] + bias[c]) in place, one
+// pass over a product's output. x: [rows, F] contiguous; bias: [F] or null. The same bits as
+// bias_activation_forward's hidden.
+void bias_activation_inplace(Activation act, const float* bias, float* x, int64_t rows, int64_t F);
+
+// The same with GELU's tanh approximation (PyTorch's approximate="tanh", transformers' gelu_new):
+//   x = 0.5·v·(1 + tanh(√(2/π)·(v + 0.044715·v³))),  v = x + bias.   Inference only (no backward).
+void bias_gelu_tanh_inplace(const float* bias, float* x, int64_t rows, int64_t F);
 
 // The backward of bias_activation_forward, with the bias gradient in the same pass:
 //   dpre[r, c] = dh[r, c] · act'(pre[r, c]);   dbias[c] += Σ_r dpre[r, c]

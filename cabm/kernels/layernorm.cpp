@@ -35,6 +35,65 @@ void layernorm_forward(const LayerNormArgs& args, const float* x, int64_t x_ld, 
   }
 }
 
+namespace {
+
+// s = residual + (branch + bias) into y (which may alias either); returns Σ s in double.
+double add_row(const float* residual, const float* branch, const float* bias, float* y, int64_t E) {
+  double sum = 0.0;
+  if (bias) {
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < E; ++c) {
+      const float s = residual[c] + (branch[c] + bias[c]);
+      y[c] = s;
+      sum += s;
+    }
+  } else {
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < E; ++c) {
+      const float s = residual[c] + branch[c];
+      y[c] = s;
+      sum += s;
+    }
+  }
+  return sum;
+}
+
+// y = (y − mean) · rstd · weight + bias in place, the statistics from two passes in double.
+void normalise_row(const LayerNormArgs& args, double sum, float* y) {
+  const int64_t E = args.E;
+  const double mu = sum / static_cast<double>(E);
+  double sq = 0.0;
+#pragma omp simd reduction(+ : sq)
+  for (int64_t c = 0; c < E; ++c) {
+    const double centred = y[c] - mu;
+    sq += centred * centred;
+  }
+  const float m = static_cast<float>(mu);
+  const float rs = static_cast<float>(1.0 / std::sqrt(sq / static_cast<double>(E) + args.eps));
+  if (args.weight && args.bias) {
+#pragma omp simd
+    for (int64_t c = 0; c < E; ++c) y[c] = (y[c] - m) * rs * args.weight[c] + args.bias[c];
+    return;
+  }
+  for (int64_t c = 0; c < E; ++c) {
+    const float w = args.weight ? args.weight[c] : 1.0f;
+    const float b = args.bias ? args.bias[c] : 0.0f;
+    y[c] = (y[c] - m) * rs * w + b;
+  }
+}
+
+}  // namespace
+
+void add_layernorm_forward(const LayerNormArgs& args, const float* residual, const float* branch,
+                           const float* branch_bias, float* y) {
+  const int64_t E = args.E;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < args.rows; ++r) {
+    float* yr = y + r * E;
+    normalise_row(args, add_row(residual + r * E, branch + r * E, branch_bias, yr, E), yr);
+  }
+}
+
 void layernorm_backward(const LayerNormArgs& args, const float* x, int64_t x_ld, const float* mean,
                         const float* rstd, const float* dy, int64_t dy_ld, const LayerNormGrads& grads) {
   const int64_t rows = args.rows, E = args.E;

@@ -18,6 +18,17 @@ struct LayerNormArgs {
 void layernorm_forward(const LayerNormArgs& args, const float* x, int64_t x_ld, float* y, int64_t y_ld,
                        float* mean, float* rstd);
 
+// Inference: the residual add of a post-norm sublayer and the LayerNorm after it in one pass,
+//   y = LayerNorm(residual + (branch + branch_bias))
+// in PyTorch's order of operations (the bias belongs to the product that made `branch`, which then
+// needs none of its own). residual, branch, y: [rows, E] contiguous; y may alias either input;
+// branch_bias: [E] or null. Nothing is saved for a backward pass. The statistics are the same
+// two passes in double as layernorm_forward's, vectorised, so they may differ from its by the
+// order of the double sums (far below float's rounding); the reference is layernorm_forward on
+// the explicit sum.
+void add_layernorm_forward(const LayerNormArgs& args, const float* residual, const float* branch,
+                           const float* branch_bias, float* y);
+
 // Where the backward pass writes. dx: [rows, E] row stride dx_ld, OVERWRITTEN (may alias dy).
 // dweight, dbias: [E], ACCUMULATED (+=); either may be null (skipped).
 struct LayerNormGrads {

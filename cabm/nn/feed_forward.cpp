@@ -6,23 +6,14 @@ FeedForward make_feed_forward(int64_t E, int64_t F, Activation activation, bool 
   return FeedForward{make_linear(E, F, bias), make_linear(F, E, bias), activation};
 }
 
-namespace {
-// linear1 without its bias (the same weight storage, and whatever else the layer carries, such
-// as a bf16 copy): its bias is added by the activation pass, and its gradient summed there.
-Linear without_bias(const Linear& layer) {
-  Linear copy = layer;
-  copy.bias = Tensor();
-  return copy;
-}
-}  // namespace
-
 void feed_forward_forward(const FeedForward& ffn, const Tensor& x, const Tensor& y, FeedForwardCache& cache,
                           const DropoutArgs& dropout) {
   const int64_t rows = x.size(0), F = ffn.linear1.out_features();
   ensure_shape(cache.pre_activation, {rows, F});
   ensure_shape(cache.hidden, {rows, F});
   cache.dropout = dropout;
-  // pre = x W1ᵀ, then one pass: pre += b1 (kept for the backward), hidden = act(pre). Adding the
+  // pre = x W1ᵀ (linear1 without_bias: its bias is added by the activation pass, and its gradient
+  // summed there), then one pass: pre += b1 (kept for the backward), hidden = act(pre). Adding the
   // bias there rather than through linear_forward saves a pass that broadcasts it into pre.
   linear_forward(without_bias(ffn.linear1), x, cache.pre_activation);
   float* hidden = cache.hidden.data<float>();

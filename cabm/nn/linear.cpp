@@ -17,6 +17,12 @@ Linear make_linear(int64_t in_features, int64_t out_features, bool bias) {
   return layer;
 }
 
+Linear without_bias(const Linear& layer) {
+  Linear copy = layer;
+  copy.bias = Tensor();
+  return copy;
+}
+
 Tensor as_rows(const Tensor& t) {
   CABM_CHECK(t.dim() >= 1, "as_rows of a scalar");
   if (t.dim() == 2) return t;
@@ -24,6 +30,8 @@ Tensor as_rows(const Tensor& t) {
 }
 
 namespace {
+
+constexpr int64_t kParallelBroadcast = int64_t{1} << 16;  // floats: below, a thread team costs more than it saves
 
 void check_bf16_copy(const Linear& layer) {
   CABM_CHECK(layer.weight_bf16.dtype() == DType::BF16 && layer.weight_bf16.shape() == layer.weight.shape() &&
@@ -57,8 +65,13 @@ void linear_forward(const Linear& layer, const Tensor& x, const Tensor& y) {
   float* yp = y.data<float>();
   float beta = 0.0f;
   if (layer.bias.defined()) {
+    // The bias in every row, for the product to add onto (beta = 1). On all threads: for the
+    // QKV projection of a batch this is megabytes, which one thread writes at a fraction of the
+    // rate of two.
     const float* b = layer.bias.data<float>();
-    for (int64_t r = 0; r < rows; ++r) std::copy(b, b + out, yp + r * y.stride(0));
+    const int64_t ld = y.stride(0);
+#pragma omp parallel for schedule(static) if (rows * out >= kParallelBroadcast)
+    for (int64_t r = 0; r < rows; ++r) std::copy(b, b + out, yp + r * ld);
     beta = 1.0f;
   }
   if (layer.weight_bf16.defined()) {

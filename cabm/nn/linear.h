@@ -41,6 +41,10 @@ void linear_forward(const Linear& layer, const Tensor& x, const Tensor& y);
 void linear_backward(const Linear& layer, const Tensor& x, const Tensor& dy, const Tensor& dx, Linear& grad,
                      bool accumulate_dx = false);
 
+// The layer's weights (and bf16 copy, if any) without its bias: for callers that add the bias in
+// the pass that follows the product (the activation, or a residual add and LayerNorm).
+Linear without_bias(const Linear& layer);
+
 // A contiguous [.., E] tensor seen as [rows, E] (a view; 2-d tensors pass through).
 Tensor as_rows(const Tensor& t);
 

@@ -113,10 +113,17 @@ void split_qkv(const MultiHeadAttention& mha, const Tensor& qkv, int64_t B, int6
   v = split_heads(qkv, E + Ekv, B, L, mha.num_kv_heads(), d, W);
 }
 
+// Forgets the head views of a packed projection buffer before it is resized: while they share its
+// storage, ensure_shape cannot reuse it and would allocate fresh memory for every new shape.
+void drop_views(Tensor& q, Tensor& k, Tensor& v) {
+  for (Tensor* t : {&q, &k, &v}) *t = Tensor();
+}
+
 // Mixed precision: cache.q_bf16/k_bf16/v_bf16 = bf16(cache.q/k/v).
 void round_heads(const MultiHeadAttention& mha, MultiHeadAttentionCache& cache, int64_t B) {
   const int64_t N = cache.q.size(1), M = cache.k.size(1), d = mha.head_dim();
   if (cache.self_attention) {
+    drop_views(cache.q_bf16, cache.k_bf16, cache.v_bf16);
     ensure_shape(cache.qkv_bf16, {B, N, mha.qkv_dim()}, DType::BF16);
     round_to_bf16(as_rows(cache.qkv), as_rows(cache.qkv_bf16));
     split_qkv(mha, cache.qkv_bf16, B, N, cache.q_bf16, cache.k_bf16, cache.v_bf16);
@@ -144,8 +151,8 @@ void widen_heads(MultiHeadAttentionCache& cache) {
 
 }  // namespace
 
-const Tensor& multi_head_attention_forward(const MultiHeadAttention& mha, const AttentionInputs& in,
-                                           MultiHeadAttentionCache& cache) {
+const Tensor& multi_head_attention_heads(const MultiHeadAttention& mha, const AttentionInputs& in,
+                                         MultiHeadAttentionCache& cache) {
   check_inputs(mha, in);
   const int64_t B = in.query.size(0), N = in.query.size(1), M = in.key.size(1);
   const int64_t E = mha.embed_dim(), H = mha.num_heads(), d = mha.head_dim();
@@ -154,6 +161,7 @@ const Tensor& multi_head_attention_forward(const MultiHeadAttention& mha, const 
   cache.self_attention = mha.packed() && is_self_attention(in);
   if (cache.self_attention) {
     // One GEMM for Q, K and V: [B·N, E] × [E, E + 2Ekv].
+    drop_views(cache.q, cache.k, cache.v);
     ensure_shape(cache.qkv, {B, N, mha.qkv_dim()});
     const Linear fused{mha.in_proj_weight, mha.in_proj_bias, mha.in_proj_weight_bf16};
     linear_forward(fused, as_rows(in.query.contiguous()), as_rows(cache.qkv));
@@ -164,11 +172,8 @@ const Tensor& multi_head_attention_forward(const MultiHeadAttention& mha, const 
     Tensor* heads[3] = {&cache.q, &cache.k, &cache.v};
     for (int p = 0; p < 3; ++p) {
       const int64_t L = inputs[p]->size(1);
-      const Shape shape{B, L, head_counts[p], d};
-      // Own contiguous [B, L, E or Ekv] buffers; reallocated only when the shape changes.
-      if (!heads[p]->defined() || heads[p]->shape() != shape || !heads[p]->is_contiguous() ||
-          heads[p]->shares_storage(cache.qkv))
-        *heads[p] = Tensor::empty(shape);
+      // Own contiguous [B, L, E or Ekv] buffers; reallocated only when they do not fit.
+      ensure_own(*heads[p], {B, L, head_counts[p], d}, DType::F32, cache.qkv);
       linear_forward(*projections[p], as_rows(inputs[p]->contiguous()), heads[p]->view({B * L, head_counts[p] * d}));
     }
   }
@@ -205,7 +210,13 @@ const Tensor& multi_head_attention_forward(const MultiHeadAttention& mha, const 
   } else {
     attention_forward(cache.q, cache.k, cache.v, cache.options, attn_heads, &cache.lse);  // the fast path
   }
+  return cache.attn;
+}
 
+const Tensor& multi_head_attention_forward(const MultiHeadAttention& mha, const AttentionInputs& in,
+                                           MultiHeadAttentionCache& cache) {
+  multi_head_attention_heads(mha, in, cache);
+  const int64_t B = in.query.size(0), N = in.query.size(1), E = mha.embed_dim();
   ensure_shape(cache.output, {B, N, E});
   linear_forward(mha.out_proj, as_rows(cache.attn), as_rows(cache.output));
   return cache.output;
@@ -251,17 +262,13 @@ void multi_head_attention_backward(const MultiHeadAttention& mha, const Attentio
   // Attention: dQ, dK, dV (head views of [B, *, E or Ekv] buffers).
   const int64_t head_counts[3] = {H, mha.num_kv_heads(), mha.num_kv_heads()};
   if (cache.self_attention) {
+    drop_views(cache.d_q, cache.d_k, cache.d_v);
     ensure_shape(cache.d_qkv, {B, N, mha.qkv_dim()});
     split_qkv(mha, cache.d_qkv, B, N, cache.d_q, cache.d_k, cache.d_v);
   } else {
     Tensor* heads[3] = {&cache.d_q, &cache.d_k, &cache.d_v};
     const int64_t lengths[3] = {N, M, M};
-    for (int p = 0; p < 3; ++p) {
-      const Shape shape{B, lengths[p], head_counts[p], d};
-      if (!heads[p]->defined() || heads[p]->shape() != shape || !heads[p]->is_contiguous() ||
-          heads[p]->shares_storage(cache.d_qkv))
-        *heads[p] = Tensor::empty(shape);
-    }
+    for (int p = 0; p < 3; ++p) ensure_own(*heads[p], {B, lengths[p], head_counts[p], d}, DType::F32, cache.d_qkv);
   }
   const AttentionGrads attention_grads{cache.d_q, cache.d_k, cache.d_v};
   if (cache.bf16_kernel) {

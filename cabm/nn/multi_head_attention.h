@@ -108,6 +108,11 @@ struct MultiHeadAttentionCache {
 const Tensor& multi_head_attention_forward(const MultiHeadAttention& mha, const AttentionInputs& inputs,
                                            MultiHeadAttentionCache& cache);
 
+// The same up to out_proj: returns cache.attn [B, N, E], the heads merged (cache.output is not
+// written). For callers that fuse out_proj's bias into what follows it (cabm/nn/encoder_inference.h).
+const Tensor& multi_head_attention_heads(const MultiHeadAttention& mha, const AttentionInputs& inputs,
+                                         MultiHeadAttentionCache& cache);
+
 // Gradients with respect to the three inputs. Undefined tensors are skipped. Outputs that
 // share storage and strides with an earlier one (self-attention passes the same tensor three
 // times) receive the SUM of the gradients; otherwise each is overwritten.
