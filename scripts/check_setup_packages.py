@@ -5,8 +5,10 @@ not install (itself or through its Depends).
 A fresh machine once failed the README's first command because oneDNN's CMake package file
 needed ocl-icd-opencl-dev, which only happened to be installed on the developers' machines.
 This check takes what a finished build actually used (the headers Ninja recorded, the link
-lines, the CMake package files and cache entries, the tools, the fixtures' Python modules),
+lines and what the compiler driver adds to them, such as clang's sanitizer and libFuzzer
+runtimes, the CMake package files and cache entries, the tools, the fixtures' Python modules),
 asks dpkg which package owns each file, and compares that with the closure of setup.sh's list.
+ctest runs it on the release and asan trees; scripts/test.sh also on build/fuzz (clang).
 
 Usage: check_setup_packages.py --build-dir build/release [--packages FILE] [--without PKG]...
 Exit status: 0 when every needed package is covered, 1 when one is not, 2 on an error.
@@ -18,6 +20,7 @@ import ast
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -94,7 +97,8 @@ def link_inputs(build: Path, compiler: str) -> list[Use]:
                 uses.append(Use(seg[0], f"tool {os.path.basename(seg[0])}, run by the build"))
             if seg[0] != compiler or "-c" in seg:
                 continue  # not a link line
-            why = f"library, linked into {seg[seg.index('-o') + 1] if '-o' in seg else '?'}"
+            target = seg[seg.index('-o') + 1] if '-o' in seg else '?'
+            why = f"library, linked into {target}"
             uses += [Use(str(build / w), why) for w in seg
                      if re.search(r"\.(a|so(\.[0-9.]+)?)$", w) and not w.startswith("-")]
             lib_dirs = [w[2:] for w in seg if w.startswith("-L") and len(w) > 2]
@@ -104,7 +108,32 @@ def link_inputs(build: Path, compiler: str) -> list[Use]:
                 if path is None:
                     error(f"cannot find -l{name} ({why})")
                 uses.append(Use(path, f"{why} (-l{name})"))
+            uses += [Use(path, f"added by the compiler driver to the link of {target}")
+                     for path in driver_link_inputs(seg, build)]
     return uses
+
+
+def driver_link_inputs(link: list[str], build: Path) -> list[str]:
+    """What the compiler driver adds to a link line itself: the linker, the start files and,
+    for -fsanitize=, the sanitizer and libFuzzer runtimes (clang's libclang_rt.*.a, which
+    libclang-rt-14-dev ships and no -l names). `-###` prints the linker's command line and
+    runs nothing."""
+    out = subprocess.run([*link, "-###"], capture_output=True, text=True, timeout=120,
+                         cwd=build)
+    if out.returncode != 0:
+        error(f"{shlex.join(link)} -### failed ({out.returncode}): {out.stderr.strip()}")
+    commands = [line for line in out.stderr.splitlines() if line.startswith(" ")]
+    if not commands:
+        error(f"{shlex.join(link)} -### printed no command")
+    words = shlex.split(commands[-1])  # the link; earlier lines would be compiles
+    return [w for w in words[:1] + [w for w in words[1:]
+                                    if re.search(r"\.(a|o|so(\.[0-9.]+)?)$", w)]
+            if os.path.isabs(w) and os.path.exists(w)]
+
+
+BINUTILS = {f"CMAKE_{t}" for t in ("AR", "RANLIB", "LINKER", "NM", "OBJCOPY", "OBJDUMP", "READELF",
+                                    "STRIP", "ADDR2LINE", "DLLTOOL", "TAPI", "MT", "CXX_COMPILER_AR",
+                                    "CXX_COMPILER_RANLIB", "C_COMPILER_AR", "C_COMPILER_RANLIB")}
 
 
 def cmake_inputs(cache: dict[str, tuple[str, str]]) -> list[Use]:
@@ -114,9 +143,12 @@ def cmake_inputs(cache: dict[str, tuple[str, str]]) -> list[Use]:
                                                     "CMAKE_CTEST_COMMAND", "CMAKE_MAKE_PROGRAM")
             if k in cache]
     for key, (kind, value) in cache.items():
-        # Not the install dirs (relative, or where files would go) nor *-NOTFOUND.
+        # Not the install dirs (relative, or where files would go) nor *-NOTFOUND, nor the
+        # binutils CMake looks for with every compiler (ar, ranlib, nm, strip, the linker...):
+        # with clang it takes LLVM's when some happen to be installed, and whether the build
+        # runs one shows in its commands (link_inputs).
         if (kind not in ("PATH", "FILEPATH") or key.startswith("CMAKE_INSTALL_")
-                or not os.path.isabs(value) or not os.path.exists(value)):
+                or key in BINUTILS or not os.path.isabs(value) or not os.path.exists(value)):
             continue
         if key.endswith("_DIR") and os.path.isdir(value):
             # The config and version files find_package() looks for, not every *.cmake beside
@@ -301,7 +333,12 @@ def main() -> int:
     cache = read_cache(build)
     if "CMAKE_CXX_COMPILER" not in cache:
         error(f"{build} is not a configured CMake/Ninja build tree of a C++ project")
-    compiler = cache["CMAKE_CXX_COMPILER"][1]
+    # A preset may name the compiler without its directory (the fuzz preset: clang++-14); the
+    # build's commands name the program CMake found on the PATH.
+    kind, compiler = cache["CMAKE_CXX_COMPILER"]
+    if not os.path.isabs(compiler):
+        compiler = shutil.which(compiler) or error(f"CMAKE_CXX_COMPILER {compiler}: not on PATH")
+        cache["CMAKE_CXX_COMPILER"] = (kind, compiler)
     python = cache.get("CABM_TORCH_PYTHON", ("", "/usr/bin/python3"))[1]
     hf_python = cache.get("CABM_HF_PYTHON", ("", str(REPO / ".venv/bin/python")))[1]
     ours = (str(REPO) + "/", str(build) + "/")

@@ -12,6 +12,9 @@ packages=(
   nlohmann-json3-dev     # safetensors headers, checkpoints
   libcli11-dev libfmt-dev
   libgtest-dev libbenchmark-dev
+  clang-14               # the fuzz build (scripts/fuzz.sh, third pass of scripts/test.sh)
+  libclang-rt-14-dev     # libFuzzer and clang's ASan/UBSan runtimes; clang-14 does not depend on it
+  libomp-14-dev          # OpenMP for clang (omp.h, libomp.so): the library links OpenMP::OpenMP_CXX
   python3-torch python3-numpy   # PyTorch reference fixtures (tests only; never linked)
   python3-venv           # the venv for the Hugging Face fixtures (scripts/setup_venv.sh)
   libutf8proc-dev        # Unicode normalisation and categories for the tokenizers
