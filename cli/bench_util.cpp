@@ -3,6 +3,7 @@
 #include "cabm/core/rng.h"
 #include "cabm/core/threads.h"
 #include "cabm/kernels/bf16.h"
+#include "cabm/kernels/cpu_isa.h"
 
 #include <omp.h>
 
@@ -21,37 +22,45 @@ namespace cabm::cli {
 namespace {
 
 // Iterations of 12 independent FMAs: enough accumulators to cover latency × pipes (4 × 2 on Zen 3,
-// 4 × 2 on Zen 5 / Intel), so the loop is throughput-bound. Returns FLOPs done by this thread.
-double fma_loop(int64_t iterations, float* sink) {
+// 4 × 2 on Zen 5 / Intel), so the loop is throughput-bound. Returns FLOPs done by this thread. One
+// loop per instruction set of the dispatched kernels (cpu_isa.h), each compiled for its set by
+// target attribute whatever the build's flags, so that the peak is that of the set the kernels run.
+__attribute__((target("avx512f"))) double fma_loop_avx512(int64_t iterations, float* sink) {
   constexpr int kAcc = 12;
-#if defined(__AVX512F__)
-  using V = __m512;
-  constexpr int kLanes = 16;
-  V acc[kAcc];
+  __m512 acc[kAcc];
   for (int a = 0; a < kAcc; ++a) acc[a] = _mm512_set1_ps(0.001f * a);
-  const V x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-7f);
+  const __m512 x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-7f);
   for (int64_t it = 0; it < iterations; ++it) {
     for (int a = 0; a < kAcc; ++a) acc[a] = _mm512_fmadd_ps(acc[a], x, y);
   }
   float total = 0;
   for (int a = 0; a < kAcc; ++a) total += _mm512_reduce_add_ps(acc[a]);
-#elif defined(__AVX2__) && defined(__FMA__)
-  using V = __m256;
-  constexpr int kLanes = 8;
-  V acc[kAcc];
+  *sink = total;
+  return 2.0 * kAcc * 16 * static_cast<double>(iterations);
+}
+
+__attribute__((target("avx2,fma"))) double fma_loop_avx2(int64_t iterations, float* sink) {
+  constexpr int kAcc = 12;
+  __m256 acc[kAcc];
   for (int a = 0; a < kAcc; ++a) acc[a] = _mm256_set1_ps(0.001f * a);
-  const V x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
+  const __m256 x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
   for (int64_t it = 0; it < iterations; ++it) {
     for (int a = 0; a < kAcc; ++a) acc[a] = _mm256_fmadd_ps(acc[a], x, y);
   }
-  float lanes[8];
+  alignas(32) float lanes[8];
   float total = 0;
   for (int a = 0; a < kAcc; ++a) {
-    _mm256_storeu_ps(lanes, acc[a]);
+    _mm256_store_ps(lanes, acc[a]);
     for (float l : lanes) total += l;
   }
-#else
-  constexpr int kLanes = 1;
+  *sink = total;
+  return 2.0 * kAcc * 8 * static_cast<double>(iterations);
+}
+
+// The portable set: one multiply and one add per element (the compiler may vectorise it for the
+// build's flags; it is the peak of the code the portable kernels are).
+double fma_loop_scalar(int64_t iterations, float* sink) {
+  constexpr int kAcc = 12;
   float acc[kAcc];
   for (int a = 0; a < kAcc; ++a) acc[a] = 0.001f * a;
   for (int64_t it = 0; it < iterations; ++it) {
@@ -59,9 +68,8 @@ double fma_loop(int64_t iterations, float* sink) {
   }
   float total = 0;
   for (int a = 0; a < kAcc; ++a) total += acc[a];
-#endif
   *sink = total;
-  return 2.0 * kAcc * kLanes * static_cast<double>(iterations);
+  return 2.0 * kAcc * static_cast<double>(iterations);
 }
 
 // 12 independent vdpbf16ps accumulators: 64 FLOPs each per iteration. Compiled for AVX512_BF16
@@ -165,16 +173,28 @@ int64_t status_field_kb(const char* field) {
 }  // namespace
 
 const char* fma_peak_isa() {
-#if defined(__AVX512F__)
-  return "avx512";
-#elif defined(__AVX2__) && defined(__FMA__)
-  return "avx2+fma";
-#else
+  switch (simd_isa()) {
+    case SimdIsa::kAvx512:
+      return "avx512";
+    case SimdIsa::kAvx2:
+      return "avx2+fma";
+    case SimdIsa::kPortable:
+      break;
+  }
   return "scalar";
-#endif
 }
 
-double measure_fma_peak(double seconds) { return measure_peak(fma_loop, seconds); }
+double measure_fma_peak(double seconds) {
+  switch (simd_isa()) {
+    case SimdIsa::kAvx512:
+      return measure_peak(fma_loop_avx512, seconds);
+    case SimdIsa::kAvx2:
+      return measure_peak(fma_loop_avx2, seconds);
+    case SimdIsa::kPortable:
+      break;
+  }
+  return measure_peak(fma_loop_scalar, seconds);
+}
 
 double measure_vdpbf16ps_peak(double seconds) {
   return cpu_has_avx512_bf16() ? measure_peak(vdpbf16ps_loop, seconds) : 0.0;

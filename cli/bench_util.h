@@ -9,10 +9,10 @@
 
 namespace cabm::cli {
 
-// FP32 FLOP/s of a register-only FMA loop on num_threads() threads, using the widest vectors the
-// build supports (see fma_peak_isa()). Runs for about `seconds`.
+// FP32 FLOP/s of a register-only FMA loop on num_threads() threads, in the instruction set the
+// dispatched kernels run (cpu_isa.h's simd_isa(); see fma_peak_isa()). Runs for about `seconds`.
 double measure_fma_peak(double seconds = 0.3);
-const char* fma_peak_isa();  // "avx512", "avx2+fma" or "scalar"
+const char* fma_peak_isa();  // "avx512", "avx2+fma" or "scalar" (the portable set)
 
 // The peaks of the bf16 product units the bf16 kernels use, measured the same way (FLOPs of
 // bf16 pairs: 2 per multiply-add, accumulated in fp32); 0 where the CPU lacks the unit.

@@ -68,7 +68,8 @@ FlashConfig flash_resolved_config(const FlashConfig& config, const AttentionOpti
 // around them by attention.cpp.)
 bool flash_supports_variants(int64_t H, int64_t Hkv, const AttentionOptions& options);
 
-// The SIMD flavour compiled in: "avx512", "avx2" or "portable".
+// The instruction set whose tile loops run (cpu_isa.h: chosen once from CPUID, or pinned by
+// CABM_SIMD_ISA / set_simd_isa_override): "avx512", "avx2" or "portable".
 const char* flash_isa();
 
 }  // namespace cabm

@@ -1,5 +1,7 @@
 // Soft-capping and ALiBi in the tiled fp32 attention kernel (attention_flash.cpp): the score
-// epilogue that runs on a tile of block products before the mask is added. Internal to kernels/.
+// epilogue that runs on a tile of block products before the mask is added (its vector code, per
+// instruction set: attention_score_epilogue.h; here what does not depend on the set). Internal to
+// kernels/.
 //
 // The score of query i and key j, as the reference defines it (attention_reference.h):
 //   t = scale · q_i·k_j,   t → c·tanh(t / c) (soft-capping, Gemma 2),
@@ -17,7 +19,6 @@
 #pragma once
 
 #include "cabm/kernels/attention_reference.h"
-#include "cabm/kernels/attention_simd.h"
 
 #include <cstdint>
 
@@ -56,34 +57,5 @@ inline void position_offsets(const ScoreVariants& v, bool queries, int64_t first
     out[x] = static_cast<float>((queries ? v.q_position(first + x) : v.k_position(first + x)) - base);
   for (int64_t x = count; x < padded; ++x) out[x] = 0.0f;
 }
-
-// The epilogue for one query head h.
-class HeadScores {
- public:
-  HeadScores(const ScoreVariants& v, int64_t h)
-      : softcap_(v.softcap > 0.0f),
-        alibi_(v.slopes != nullptr),
-        cap_(simd::set1(v.softcap * 1.4426950408889634f)),
-        neg_slope_(simd::set1(v.slopes ? -v.slopes[h] * 1.4426950408889634f : 0.0f)) {}
-
-  bool softcap() const { return softcap_; }
-
-  // x: products (see operand_scale); qpos − kpos of the lanes as float offsets (position_offsets
-  // with a common base). Returns the base-2 score before the mask; with cap_grad, stores there
-  // 1 − tanh²(u) (computed as the reference does) when soft-capping.
-  simd::Vec score(simd::Vec x, simd::Vec qoff, simd::Vec koff, simd::Vec* cap_grad = nullptr) const {
-    if (softcap_) {
-      const simd::Vec th = simd::tanh(x);
-      x = simd::mul(cap_, th);
-      if (cap_grad) *cap_grad = simd::sub(simd::set1(1.0f), simd::mul(th, th));
-    }
-    if (alibi_) x = simd::fma(neg_slope_, simd::abs(simd::sub(qoff, koff)), x);
-    return x;
-  }
-
- private:
-  bool softcap_, alibi_;
-  simd::Vec cap_, neg_slope_;  // c · log2 e;  −slope_h · log2 e
-};
 
 }  // namespace cabm

@@ -1,5 +1,6 @@
-// The one micro-kernel of the tiled fp32 attention (attention_flash.cpp), and the tile product
-// built on it. Internal to kernels/: included by attention_flash.cpp only.
+// The one micro-kernel of the tiled fp32 attention, and the tile product built on it. Internal to
+// kernels/: included by the tile loops (attention_flash_{forward,backward}_body.h), once per
+// instruction set, in the namespace of that set's simd flavour (CABM_SIMD_NS, attention_simd.h).
 #pragma once
 
 #include "cabm/kernels/attention_simd.h"
@@ -9,8 +10,9 @@
 #include <cstdint>
 #include <utility>
 
-namespace cabm::tile {
+namespace cabm::CABM_SIMD_NS::tile {
 
+namespace simd = ::cabm::CABM_SIMD_NS;
 using simd::kWidth;
 using simd::Vec;
 
@@ -29,9 +31,9 @@ using simd::Vec;
 //             dVᵀ += dOᵀ · P, dKᵀ += Qᵀ · dS   (rows d, lanes keys, k over queries)
 //             dQ += dS · K       (rows queries, lanes d, k over keys)
 
-#if defined(__AVX512F__)
+#if CABM_SIMD_LEVEL == 2
 inline constexpr int kMR = 6, kNV = 4;  // 24 accumulators + 4 B vectors + 1 broadcast of 32 zmm
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif CABM_SIMD_LEVEL == 1
 inline constexpr int kMR = 6, kNV = 2;  // 12 accumulators + 2 B vectors + 1 broadcast of 16 ymm
 #else
 inline constexpr int kMR = 4, kNV = 2;
@@ -43,9 +45,9 @@ enum class Accum { kOverwrite, kAdd, kScaleAdd, kOverwriteMax };
 // Left alone, GCC folds the B loads into the FMAs' memory operands for some block shapes (MR·NV
 // loads instead of NV per k), which saturates the load ports and halves the speed of the tails.
 inline void keep_in_register(Vec& x) {
-#if defined(__AVX512F__)
+#if CABM_SIMD_LEVEL == 2
   __asm__("" : "+v"(x.v));
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif CABM_SIMD_LEVEL == 1
   __asm__("" : "+x"(x.v));
 #else
   (void)x;
@@ -145,5 +147,11 @@ inline void tile_product(int64_t rows, int64_t lanes, int64_t K, ScalarOperand a
   }
 }
 
+// dst = src rounded to bf16 values, rows × lanes (a multiple of kWidth) of tiles with stride ld.
+inline void round_tile_to_bf16(const float* src, float* dst, int64_t rows, int64_t lanes, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t lv = 0; lv < lanes; lv += kWidth)
+      simd::store(dst + r * ld + lv, simd::round_to_bf16(simd::load(src + r * ld + lv)));
+}
 
-}  // namespace cabm::tile
+}  // namespace cabm::CABM_SIMD_NS::tile

@@ -8,6 +8,7 @@
 #include "cabm/kernels/attention_simd.h"
 #include "cabm/kernels/bf16.h"
 #include "cabm/kernels/cpu_isa.h"
+#include "util/simd_isas.h"
 #include "util/test_util.h"
 
 #include <algorithm>
@@ -17,6 +18,9 @@
 
 namespace cabm {
 namespace {
+
+using test::runnable_isas;
+using test::ScopedSimdIsa;
 
 struct Case {
   int64_t B, N, M, H, Hkv, d, dv;
@@ -95,28 +99,9 @@ class Decode : public ::testing::TestWithParam<size_t> {};
 
 void check_case(const OptionCase& oc, const Case& c);
 
-// Pins the decode kernel's instruction set for a scope (cpu_isa.h).
-struct ScopedSimdIsa {
-  explicit ScopedSimdIsa(SimdIsa isa) { set_simd_isa_override(isa); }
-  ~ScopedSimdIsa() { set_simd_isa_override(std::nullopt); }
-};
-
-// The instruction sets this CPU runs; the others are printed as skipped.
-std::vector<SimdIsa> runnable_isas() {
-  std::vector<SimdIsa> isas;
-  for (SimdIsa isa : {SimdIsa::kPortable, SimdIsa::kAvx2, SimdIsa::kAvx512}) {
-    if (cpu_supports(isa)) {
-      isas.push_back(isa);
-    } else {
-      std::printf("skipped: the %s decode kernel (this CPU lacks %s)\n", simd_isa_name(isa), simd_isa_name(isa));
-    }
-  }
-  return isas;
-}
-
 TEST_P(Decode, MatchesReference) {
   const OptionCase oc = option_cases()[GetParam()];
-  for (SimdIsa isa : runnable_isas()) {
+  for (SimdIsa isa : runnable_isas("decode")) {
     const ScopedSimdIsa pin(isa);
     SCOPED_TRACE(std::string("isa ") + attention_decode_isa());
     ASSERT_STREQ(attention_decode_isa(), simd_isa_name(isa));

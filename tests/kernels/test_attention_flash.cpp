@@ -7,6 +7,7 @@
 #include "cabm/kernels/attention_simd.h"
 #include "cabm/kernels/bf16.h"
 #include "util/attention_cases.h"
+#include "util/simd_isas.h"
 #include "util/test_util.h"
 
 #include <algorithm>
@@ -76,8 +77,13 @@ void check(const FlashCase& c) {
   SCOPED_TRACE(describe(c));
   const test::Inputs in = test::random_inputs(c.s, c.seed, c.strided, c.qk_range);
   const Outcome ref = run_reference(in, c.options);
-  const Outcome flash = run_flash(in, c.options, c.config);
-  compare_runs(flash, ref, relative_bound(c.s, in.q, in.k, c.options), magnitudes(in, c.options));
+  for (SimdIsa isa : test::flash_isas()) {
+    const test::ScopedSimdIsa pin(isa);
+    SCOPED_TRACE(std::string("isa ") + flash_isa());
+    ASSERT_STREQ(flash_isa(), simd_isa_name(isa));
+    compare_runs(run_flash(in, c.options, c.config), ref, relative_bound(c.s, in.q, in.k, c.options),
+                 magnitudes(in, c.options));
+  }
 }
 
 // --- sizes and tails --------------------------------------------------------------------------
@@ -143,6 +149,9 @@ TEST(Flash, ThreadCountsAgree) {
     SCOPED_TRACE(describe(c));
     const AttentionOptions& options = c.options;
     const test::Inputs in = test::random_inputs(c.s, c.seed, c.strided);
+    for (SimdIsa isa : test::flash_isas()) {
+    const test::ScopedSimdIsa pin(isa);
+    SCOPED_TRACE(std::string("isa ") + flash_isa());
     Outcome one, two;
     {
       test::ScopedThreads threads(1);
@@ -162,6 +171,7 @@ TEST(Flash, ThreadCountsAgree) {
     const Magnitudes m = magnitudes(in, options);
     test::expect_within(two.grads.dq, one.grads.dq, rel * std::max(max_abs(one.grads.dq), m.dq), "dq");
     compare_runs(two, run_reference(in, options), rel, m);
+    }
   }
 }
 

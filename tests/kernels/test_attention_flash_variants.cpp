@@ -9,6 +9,7 @@
 #include "cabm/kernels/attention_simd.h"
 #include "cabm/kernels/bf16.h"
 #include "util/attention_cases.h"
+#include "util/simd_isas.h"
 #include "util/test_util.h"
 
 #include <algorithm>
@@ -146,8 +147,12 @@ void check(const Case& c) {
   ASSERT_TRUE(flash_supports_variants(c.s.H, c.s.Hkv, c.options));
   const test::Inputs in = make_inputs(c);
   const Outcome ref = run_reference(in, c.options);
-  const Outcome flash = run_flash(in, c.options, c.config);
-  compare_runs(flash, ref, relative_bound(in, c.options), magnitudes(in, c.options));
+  for (SimdIsa isa : test::flash_isas()) {
+    const test::ScopedSimdIsa pin(isa);
+    SCOPED_TRACE(std::string("isa ") + flash_isa());
+    ASSERT_STREQ(flash_isa(), simd_isa_name(isa));
+    compare_runs(run_flash(in, c.options, c.config), ref, relative_bound(in, c.options), magnitudes(in, c.options));
+  }
 }
 
 // Random slopes in [−0.2, 0.8) (negative ones too: only finiteness is required).

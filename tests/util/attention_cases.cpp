@@ -3,6 +3,7 @@
 #include "cabm/core/error.h"
 #include "cabm/core/rng.h"
 #include "cabm/kernels/block_sparse.h"
+#include "util/simd_isas.h"
 #include "util/test_util.h"
 
 #include <fmt/format.h>
@@ -212,6 +213,11 @@ std::string describe(const FlashCase& c) {
   return describe(c.s) + " tiles " + std::to_string(c.config.block_q) + "x" + std::to_string(c.config.block_k) +
          " backward rows " + std::to_string(c.config.backward_rows) + (c.strided ? " strided" : "") +
          (c.options.dropout > 0 ? " dropout" : "");
+}
+
+const std::vector<SimdIsa>& flash_isas() {
+  static const std::vector<SimdIsa> isas = runnable_isas("tiled attention");
+  return isas;
 }
 
 std::string size_case_name(const SizeCase& c) {

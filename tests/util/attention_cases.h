@@ -6,6 +6,7 @@
 #include "cabm/core/tensor.h"
 #include "cabm/kernels/attention_flash.h"
 #include "cabm/kernels/attention_reference.h"
+#include "cabm/kernels/cpu_isa.h"
 #include "cabm/kernels/mask.h"
 
 #include <cstdint>
@@ -122,6 +123,10 @@ struct FlashCase {
   float qk_range = 1.0f;
 };
 std::string describe(const FlashCase& c);
+
+// The instruction sets of the tiled kernel's tile loops this CPU runs (the others are printed as
+// skipped, once per process): the flash tests run each case on each (util/simd_isas.h).
+const std::vector<SimdIsa>& flash_isas();
 
 // A sample of sizes: N, M, d, and dv where the list fixes it (0: the test derives it; the test's
 // name then leaves it out).

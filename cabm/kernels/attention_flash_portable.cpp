@@ -1,0 +1,10 @@
+// The tiled attention kernel's tile loops in plain C++ (no vector intrinsics; the compiler may
+// vectorise them for the build's own flags): chosen at run time (cpu_isa.h). See attention_flash_item.h and
+// attention_decode_body.h for the scheme.
+#include "cabm/kernels/attention_flash_item.h"
+
+#define CABM_SIMD_LEVEL 0
+#define CABM_SIMD_NS simd_portable
+#define CABM_FLASH_SET portable
+#include "cabm/kernels/attention_flash_backward_body.h"
+#include "cabm/kernels/attention_flash_forward_body.h"
