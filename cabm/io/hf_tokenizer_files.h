@@ -12,6 +12,8 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -39,8 +41,17 @@ json read_optional_json(const std::filesystem::path& path);  // {} when the file
 std::optional<std::string> config_token(const Configs& c, const std::string& key);
 std::string config_token_or(const Configs& c, const std::string& key, const std::string& fallback);
 
+// A JSON integer in [min, max]. Anything else is an Error naming `file` and `key`: a float (1e30
+// would make nlohmann's get<int64_t> an undefined conversion), a string, a value out of range.
+int64_t json_integer(const json& v, const std::string& file, std::string_view key, int64_t min, int64_t max);
+// The same for doc[key], `fallback` when it is absent or null.
+int64_t integer_or(const json& doc, const std::string& key, int64_t fallback, const std::string& file, int64_t min,
+                   int64_t max);
+
+// A value of a non-integer type T (bool, string, double) or `fallback`; integers: integer_or.
 template <typename T>
 T get_or(const json& doc, const std::string& key, T fallback) {
+  static_assert(!std::is_integral_v<T> || std::is_same_v<T, bool>, "integers: integer_or, range-checked");
   const auto it = doc.find(key);
   return it == doc.end() || it->is_null() ? fallback : it->get<T>();
 }

@@ -1,5 +1,6 @@
 // HfTokenizer's loader for the older files of a model directory, converted as transformers
 // converts them when tokenizer.json is absent; and the helpers both loaders share.
+#include "cabm/core/checked.h"
 #include "cabm/core/error.h"
 #include "cabm/io/hf_tokenizer_files.h"
 #include "cabm/io/text_data.h"
@@ -40,6 +41,19 @@ std::optional<std::string> config_token(const Configs& c, const std::string& key
 
 std::string config_token_or(const Configs& c, const std::string& key, const std::string& fallback) {
   return config_token(c, key).value_or(fallback);
+}
+
+int64_t json_integer(const json& v, const std::string& file, std::string_view key, int64_t min, int64_t max) {
+  const std::string what = fmt::format("{}: {}", file, key);
+  if (v.is_number_unsigned()) return checked_integer(v.get<uint64_t>(), min, max, what);
+  if (v.is_number_integer()) return checked_integer(v.get<int64_t>(), min, max, what);
+  throw_not_integer(v.dump(), min, max, what);
+}
+
+int64_t integer_or(const json& doc, const std::string& key, int64_t fallback, const std::string& file, int64_t min,
+                   int64_t max) {
+  const auto it = doc.find(key);
+  return it == doc.end() || it->is_null() ? fallback : json_integer(*it, file, key, min, max);
 }
 
 bool class_is(const Configs& c, std::initializer_list<const char*> names) {

@@ -1,5 +1,6 @@
 // HfTokenizer::load: a Hugging Face model directory's tokenizer files → HfTokenizer::Impl.
 // tokenizer.json here; the older files in hf_tokenizer_legacy.cpp.
+#include "cabm/core/checked.h"
 #include "cabm/core/error.h"
 #include "cabm/io/hf_tokenizer_files.h"
 #include "cabm/io/text_data.h"
@@ -120,7 +121,8 @@ void parse_post_processor(const json& p, const std::string& file, HfTokenizer::I
   if (p.is_null()) return;
   const std::string type = get_or<std::string>(p, "type", "");
   if (type == "RobertaProcessing" || type == "BertProcessing") {
-    impl.single_template = wrap_template(p.at("cls").at(1).get<int64_t>(), p.at("sep").at(1).get<int64_t>());
+    impl.single_template = wrap_template(json_integer(p.at("cls").at(1), file, "post_processor cls id", 0, kInt64Max),
+                                         json_integer(p.at("sep").at(1), file, "post_processor sep id", 0, kInt64Max));
   } else if (type == "TemplateProcessing") {
     impl.single_template.clear();
     const json& specials = p.at("special_tokens");
@@ -137,14 +139,18 @@ void parse_post_processor(const json& p, const std::string& file, HfTokenizer::I
           if (earlier.sequence)
             throw Error(fmt::format("{}: post_processor's 'single' template holds the sequence more than once", file));
         piece.sequence = true;
-        piece.type_id = item["Sequence"].value("type_id", int64_t{0});
+        piece.type_id = integer_or(item.at("Sequence"), "type_id", 0, file, 0, kInt64Max);
       } else {
         const json& s = item.at("SpecialToken");
         const std::string name = s.at("id").get<std::string>();
         if (!specials.contains(name))
           throw Error(fmt::format("{}: post_processor uses special token '{}' that it does not define", file, name));
-        piece.ids = specials[name].at("ids").get<std::vector<int64_t>>();
-        piece.type_id = s.value("type_id", int64_t{0});
+        const json& ids = specials[name].at("ids");
+        if (!ids.is_array())
+          throw Error(fmt::format("{}: post_processor special token '{}': ids is not an array", file, name));
+        for (const json& id : ids)
+          piece.ids.push_back(json_integer(id, file, "post_processor special token id", 0, kInt64Max));
+        piece.type_id = integer_or(s, "type_id", 0, file, 0, kInt64Max);
       }
       impl.single_template.push_back(piece);
     }
@@ -180,7 +186,7 @@ void parse_tokenizer_json(HfTokenizer::Impl& impl, const Configs& c, const json&
       wp.unk_token = get_or<std::string>(model, "unk_token", "[UNK]");
       wp.unk_id = vocab_id(wp.vocab, wp.unk_token, file);
       wp.continuing_subword_prefix = get_or<std::string>(model, "continuing_subword_prefix", "##");
-      wp.max_input_chars_per_word = get_or<int64_t>(model, "max_input_chars_per_word", 100);
+      wp.max_input_chars_per_word = integer_or(model, "max_input_chars_per_word", 100, file, 0, kInt64Max);
     } else if (type == "BPE") {
       impl.model = HfTokenizer::Impl::Model::BytePair;
       BytePairEncoding& bpe = impl.bpe;
@@ -241,7 +247,7 @@ void parse_tokenizer_json(HfTokenizer::Impl& impl, const Configs& c, const json&
     for (const json& t : doc.value("added_tokens", json::array())) {
       AddedToken token;
       token.content = unicode::decode_utf8(t.at("content").get<std::string>(), file);
-      token.id = t.at("id").get<int64_t>();
+      token.id = json_integer(t.at("id"), file, "added_tokens id", 0, kInt64Max);
       token.single_word = get_or(t, "single_word", false);
       token.lstrip = get_or(t, "lstrip", false);
       token.rstrip = get_or(t, "rstrip", false);
@@ -250,7 +256,7 @@ void parse_tokenizer_json(HfTokenizer::Impl& impl, const Configs& c, const json&
       if (!token.content.empty()) impl.added_tokens.push_back(token);
     }
     if (doc.contains("padding") && doc["padding"].is_object())
-      impl.pad_id = get_or<int64_t>(doc["padding"], "pad_id", 0);
+      impl.pad_id = integer_or(doc["padding"], "pad_id", 0, file, 0, kInt64Max);
     impl.description = (type == "WordPiece" ? "WordPiece ("
                         : type == "BPE"     ? "byte-level BPE ("
                                             : "Unigram (") +
@@ -310,10 +316,11 @@ int64_t resolve_max_length(const Configs& c) {
   }
   if (const auto it = c.model_config.find("max_position_embeddings");
       it != c.model_config.end() && it->is_number_integer()) {
-    int64_t n = it->get<int64_t>();
+    const std::string config = (c.dir / "config.json").string();
+    int64_t n = json_integer(*it, config, "max_position_embeddings", 0, kInt64Max / 2);
     // RoBERTa-style models number positions from padding_idx + 1.
     if (c.model_type == "roberta" || c.model_type == "xlm-roberta" || c.model_type == "camembert")
-      n -= get_or<int64_t>(c.model_config, "pad_token_id", 1) + 1;
+      n -= integer_or(c.model_config, "pad_token_id", 1, config, -1, kInt64Max / 2) + 1;
     if (n >= 1) return n;
   }
   return kNoLimit;

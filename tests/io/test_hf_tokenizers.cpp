@@ -263,6 +263,41 @@ TEST(HfTokenizers, SingleTemplateHoldsTheSequenceOnce) {
             std::string::npos);
 }
 
+// Found by fuzz_hf_tokenizer (session 9): a float where tokenizer.json has an integer (an id, a
+// type id, pad_id, max_input_chars_per_word) was converted by nlohmann's get<int64_t>, undefined
+// behaviour beyond 2^63 (UBSan: "6.66667e+23 is outside the range of representable values").
+// Each is now an error naming the file and the key; so is a negative id.
+TEST(HfTokenizers, NonIntegerIdsAreErrorsNamingTheKey) {
+  const auto doc = [](const std::string& model_extra, const std::string& added, const std::string& type_id,
+                      const std::string& special_ids) {
+    return R"({"model": {"type": "WordPiece", "unk_token": "[UNK]", "vocab": {"[UNK]": 0, "[CLS]": 1, "a": 2})" +
+           model_extra + R"(}, "added_tokens": [{"id": )" + added +
+           R"(, "content": "[CLS]", "special": true}], "pre_tokenizer": {"type": "BertPreTokenizer"},
+               "post_processor": {"type": "TemplateProcessing",
+                 "single": [{"SpecialToken": {"id": "[CLS]", "type_id": )" +
+           type_id + R"(}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                 "special_tokens": {"[CLS]": {"id": "[CLS]", "ids": )" +
+           special_ids + R"(, "tokens": ["[CLS]"]}}}})";
+  };
+  EXPECT_EQ(HfTokenizer::from_tokenizer_json(doc("", "1", "0", "[1]"), "t.json").encode("a", 4).input_ids,
+            (std::vector<int64_t>{1, 2}));
+  const struct {
+    std::string text, key;
+  } bad[] = {
+      {doc("", "6.66667e+23", "0", "[1]"), "t.json: added_tokens id"},
+      {doc("", "1.5", "0", "[1]"), "t.json: added_tokens id"},
+      {doc("", "-1", "0", "[1]"), "t.json: added_tokens id"},
+      {doc("", "1", "4.44111e+91", "[1]"), "t.json: type_id"},
+      {doc("", "1", "0", "[1e30]"), "t.json: post_processor special token id"},
+      {doc(R"(, "max_input_chars_per_word": 1e19)", "1", "0", "[1]"), "t.json: max_input_chars_per_word"},
+  };
+  for (const auto& b : bad) {
+    SCOPED_TRACE(b.text);
+    EXPECT_NE(test::error_of([&] { HfTokenizer::from_tokenizer_json(b.text, "t.json"); }).find(b.key),
+              std::string::npos);
+  }
+}
+
 TEST(TextLines, SplitsLinesAsTheContractSays) {
   EXPECT_EQ(split_text_lines("a\r\nb\n", "x"), (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(split_text_lines("a\n\n", "x"), (std::vector<std::string>{"a", ""}));
