@@ -3,9 +3,10 @@
 //
 // Two implementations of GELU, selected here and nowhere else:
 // - the reference (`*_reference`): std::erf / std::exp per element, the formula as written;
-// - the fast path (everything else): Φ from one polynomial and one exp, on 16 lanes when the build
-//   has AVX-512, on 8 with AVX2 + FMA (the same operations, so the same bits; scalar code with
-//   them otherwise), see activations.cpp. Measured
+// - the fast path (everything else): Φ from one polynomial and one exp, see activations_item.h;
+//   compiled once per instruction set (activations_body.h: 16 lanes for AVX-512, 8 for AVX2 + FMA,
+//   8 in plain C++) with the widest this CPU runs chosen at run time (cpu_isa.h; CABM_SIMD_ISA pins
+//   one). The same operations, each rounded once, so every set gives the same bits. Measured
 //   against double precision over every float with 1/8 <= |x| < 8 and every 7th beyond, up to
 //   16 (tests/kernels/test_activations.cpp): gelu within 4.5e-7 relative (2.3e-7 absolute on
 //   Φ ≈ 1/2 near 0; about 2e-7 relative elsewhere, 7e-39 absolute where |gelu| < 1e-35), gelu'
@@ -46,6 +47,9 @@ void bias_activation_inplace(Activation act, const float* bias, float* x, int64_
 
 // The same with GELU's tanh approximation (PyTorch's approximate="tanh", transformers' gelu_new):
 //   x = 0.5·v·(1 + tanh(√(2/π)·(v + 0.044715·v³))),  v = x + bias.   Inference only (no backward).
+// Computed as v · sigmoid(2u) (u the tanh's argument), which does not cancel for negative v: within
+// 1e-6 relative + 1e-7 absolute of the formula in double (tests/kernels/test_fused_epilogues.cpp),
+// dispatched as the exact form, the same bits on every set and for every thread count.
 void bias_gelu_tanh_inplace(const float* bias, float* x, int64_t rows, int64_t F);
 
 // The backward of bias_activation_forward, with the bias gradient in the same pass:

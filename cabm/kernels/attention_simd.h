@@ -352,4 +352,73 @@ inline float reduce_max(Vec a) {
   return m;
 }
 
+// a · b + c rounded once, in every flavour (the portable `fma` above may round twice): for code
+// whose accuracy rests on an exact product's low part (x² − fl(x²)) and that must give the same
+// bits in all three flavours (activations_body.h).
+#if CABM_SIMD_LEVEL > 0
+inline Vec fma_exact(Vec a, Vec b, Vec c) {
+  return fma(a, b, c);
+}
+#else
+inline Vec fma_exact(Vec a, Vec b, Vec c) {
+  Vec r;
+  for (int l = 0; l < kWidth; ++l) r.v[l] = std::fma(a.v[l], b.v[l], c.v[l]);
+  return r;
+}
+#endif
+
+// x rounded to the nearest integer, ties to even (the default rounding mode), for |x| < 2^22
+// (the portable flavour's 1.5·2^23 trick; the vector ones round any x).
+#if CABM_SIMD_LEVEL == 2
+inline Vec round_nearest(Vec x) {
+  return {_mm512_roundscale_ps(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+}
+#elif CABM_SIMD_LEVEL == 1
+inline Vec round_nearest(Vec x) {
+  return {_mm256_round_ps(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+}
+#else
+inline Vec round_nearest(Vec x) {
+  Vec r;
+  for (int l = 0; l < kWidth; ++l) r.v[l] = (x.v[l] + 12582912.0f) - 12582912.0f;
+  return r;
+}
+#endif
+
+// 2^n for integral n in [−126, 127] (a normal float: the exponent field n + 127, exactly).
+#if CABM_SIMD_LEVEL == 2
+inline Vec pow2_int(Vec n) {
+  return {
+      _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n.v), _mm512_set1_epi32(127)), 23))};
+}
+#elif CABM_SIMD_LEVEL == 1
+inline Vec pow2_int(Vec n) {
+  return {
+      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n.v), _mm256_set1_epi32(127)), 23))};
+}
+#else
+inline Vec pow2_int(Vec n) {
+  Vec r;
+  for (int l = 0; l < kWidth; ++l) {
+    const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n.v[l]) + 127) << 23;
+    std::memcpy(&r.v[l], &bits, sizeof bits);
+  }
+  return r;
+}
+#endif
+
+// The first `count` (0 <= count <= kWidth) floats at p, the other lanes 0; and the first `count`
+// lanes of a stored to p. Through a stack copy: for the tail of a row, so that every element goes
+// through the same vector code wherever a buffer ends.
+inline Vec load_partial(const float* p, int64_t count) {
+  float lanes[kWidth] = {};
+  std::memcpy(lanes, p, static_cast<size_t>(count) * sizeof(float));
+  return load(lanes);
+}
+inline void store_partial(float* p, Vec a, int64_t count) {
+  float lanes[kWidth];
+  store(lanes, a);
+  std::memcpy(p, lanes, static_cast<size_t>(count) * sizeof(float));
+}
+
 }  // namespace cabm::CABM_SIMD_NS

@@ -1,5 +1,10 @@
 // Layer normalisation over the last axis (Ba et al. 2016), PyTorch's nn.LayerNorm semantics:
 //   y = (x − mean) / sqrt(var + eps) · weight + bias,   var biased (divided by E).
+//
+// The row kernels are compiled once per instruction set (layernorm_body.h: AVX-512, AVX2 + FMA,
+// portable) and the widest this CPU runs is chosen at run time (cpu_isa.h; CABM_SIMD_ISA pins one).
+// Row sums are in double in each set's fixed order; results are the same bits for every thread
+// count, and within float rounding of the reference below for every set.
 #pragma once
 
 #include <cstdint>
@@ -18,14 +23,14 @@ struct LayerNormArgs {
 void layernorm_forward(const LayerNormArgs& args, const float* x, int64_t x_ld, float* y, int64_t y_ld,
                        float* mean, float* rstd);
 
-// Inference: the residual add of a post-norm sublayer and the LayerNorm after it in one pass,
+// Inference: the residual add of a post-norm sublayer and the LayerNorm after it, row by row (each
+// row normalised while it is in cache),
 //   y = LayerNorm(residual + (branch + branch_bias))
 // in PyTorch's order of operations (the bias belongs to the product that made `branch`, which then
 // needs none of its own). residual, branch, y: [rows, E] contiguous; y may alias either input;
-// branch_bias: [E] or null. Nothing is saved for a backward pass. The statistics are the same
-// two passes in double as layernorm_forward's, vectorised, so they may differ from its by the
-// order of the double sums (far below float's rounding); the reference is layernorm_forward on
-// the explicit sum.
+// branch_bias: [E] or null. Nothing is saved for a backward pass. The sum is formed in y, then
+// normalised by layernorm_forward's row kernel: the same bits as layernorm_forward on the explicit
+// sum (its reference).
 void add_layernorm_forward(const LayerNormArgs& args, const float* residual, const float* branch,
                            const float* branch_bias, float* y);
 
@@ -48,5 +53,12 @@ struct LayerNormGrads {
 // same for every thread count.
 void layernorm_backward(const LayerNormArgs& args, const float* x, int64_t x_ld, const float* mean,
                         const float* rstd, const float* dy, int64_t dy_ld, const LayerNormGrads& grads);
+
+// The same math as plain loops, one row after another on the calling thread, the parameter
+// gradients summed in row order: the oracle of the dispatched kernels above.
+void layernorm_forward_reference(const LayerNormArgs& args, const float* x, int64_t x_ld, float* y, int64_t y_ld,
+                                 float* mean, float* rstd);
+void layernorm_backward_reference(const LayerNormArgs& args, const float* x, int64_t x_ld, const float* mean,
+                                  const float* rstd, const float* dy, int64_t dy_ld, const LayerNormGrads& grads);
 
 }  // namespace cabm
