@@ -2,18 +2,7 @@
 // (cpu_isa.h). See activations_body.h for the scheme.
 #include "cabm/kernels/activations_item.h"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,bmi2,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,bmi2,f16c")
-#endif
-#define CABM_SIMD_LEVEL 1
-#define CABM_SIMD_NS simd_avx2
+#include "cabm/kernels/simd_set_avx2_begin.h"
 #define CABM_GELU_VARIANT gelu_avx2
 #include "cabm/kernels/activations_body.h"
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "cabm/kernels/simd_set_end.h"

@@ -2,18 +2,7 @@
 // chosen at run time (cpu_isa.h). See attention_decode_body.h for the scheme.
 #include "cabm/kernels/attention_decode_item.h"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,bmi2,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,bmi2,f16c")
-#endif
-#define CABM_SIMD_LEVEL 1
-#define CABM_SIMD_NS simd_avx2
+#include "cabm/kernels/simd_set_avx2_begin.h"
 #define CABM_DECODE_VARIANT decode_avx2
 #include "cabm/kernels/attention_decode_body.h"
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "cabm/kernels/simd_set_end.h"

@@ -2,19 +2,7 @@
 // chosen at run time (cpu_isa.h). See attention_decode_body.h for the scheme.
 #include "cabm/kernels/attention_decode_item.h"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,bmi2,f16c"))), \
-                             apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,bmi2,f16c")
-#endif
-#define CABM_SIMD_LEVEL 2
-#define CABM_SIMD_NS simd_avx512
+#include "cabm/kernels/simd_set_avx512_begin.h"
 #define CABM_DECODE_VARIANT decode_avx512
 #include "cabm/kernels/attention_decode_body.h"
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "cabm/kernels/simd_set_end.h"

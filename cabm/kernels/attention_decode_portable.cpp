@@ -2,7 +2,7 @@
 // flags: chosen at run time (cpu_isa.h). See attention_decode_body.h for the scheme.
 #include "cabm/kernels/attention_decode_item.h"
 
-#define CABM_SIMD_LEVEL 0
-#define CABM_SIMD_NS simd_portable
+#include "cabm/kernels/simd_set_portable_begin.h"
 #define CABM_DECODE_VARIANT decode_portable
 #include "cabm/kernels/attention_decode_body.h"
+#include "cabm/kernels/simd_set_end.h"

@@ -2,19 +2,8 @@
 // chosen at run time (cpu_isa.h). See attention_flash_item.h and attention_decode_body.h for the scheme.
 #include "cabm/kernels/attention_flash_item.h"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,bmi2,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,bmi2,f16c")
-#endif
-#define CABM_SIMD_LEVEL 1
-#define CABM_SIMD_NS simd_avx2
+#include "cabm/kernels/simd_set_avx2_begin.h"
 #define CABM_FLASH_SET avx2
 #include "cabm/kernels/attention_flash_backward_body.h"
 #include "cabm/kernels/attention_flash_forward_body.h"
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "cabm/kernels/simd_set_end.h"

@@ -3,8 +3,8 @@
 // attention_decode_body.h for the scheme.
 #include "cabm/kernels/attention_flash_item.h"
 
-#define CABM_SIMD_LEVEL 0
-#define CABM_SIMD_NS simd_portable
+#include "cabm/kernels/simd_set_portable_begin.h"
 #define CABM_FLASH_SET portable
 #include "cabm/kernels/attention_flash_backward_body.h"
 #include "cabm/kernels/attention_flash_forward_body.h"
+#include "cabm/kernels/simd_set_end.h"

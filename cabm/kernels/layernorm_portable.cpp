@@ -2,7 +2,7 @@
 // time (cpu_isa.h). See layernorm_body.h for the scheme.
 #include "cabm/kernels/layernorm_item.h"
 
-#define CABM_SIMD_LEVEL 0
-#define CABM_SIMD_NS simd_portable
+#include "cabm/kernels/simd_set_portable_begin.h"
 #define CABM_LAYERNORM_VARIANT layernorm_portable
 #include "cabm/kernels/layernorm_body.h"
+#include "cabm/kernels/simd_set_end.h"

@@ -1,0 +1,9 @@
+// Closes the region simd_set_<set>_begin.h opened.
+#if defined(CABM_SIMD_TARGET_REGION)
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#undef CABM_SIMD_TARGET_REGION
+#endif
