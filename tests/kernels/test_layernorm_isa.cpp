@@ -21,7 +21,8 @@ namespace cabm {
 namespace {
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  // (memcmp must not see the null data() of empty vectors: UBSan)
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 // scale: the size of the terms that make an output (1 but for dx: rstd · |dy ⊙ w|, whose terms cancel).
