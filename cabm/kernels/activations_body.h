@@ -17,18 +17,9 @@ namespace {
 
 namespace simd = ::cabm::CABM_SIMD_NS;
 using namespace ::cabm::gelu;
+using simd::load_n;
+using simd::store_n;
 using simd::Vec;
-
-// Lanes [0, count) of p, count <= kWidth.
-inline Vec load_n(const float* p, int64_t count) {
-  return count == simd::kWidth ? simd::load(p) : simd::load_partial(p, count);
-}
-inline void store_n(float* p, Vec a, int64_t count) {
-  if (count == simd::kWidth)
-    simd::store(p, a);
-  else
-    simd::store_partial(p, a, count);
-}
 
 // exp(v) for v <= 0 (not NaN); 0 below kExpMin.
 inline Vec exp_nonpositive(Vec v) {

@@ -408,14 +408,19 @@ inline Vec pow2_int(Vec n) {
 #endif
 
 // The first `count` (0 <= count <= kWidth) floats at p, the other lanes 0; and the first `count`
-// lanes of a stored to p. Through a stack copy: for the tail of a row, so that every element goes
-// through the same vector code wherever a buffer ends.
-inline Vec load_partial(const float* p, int64_t count) {
+// lanes of a stored to p. A whole vector directly, a part through a stack copy: for the tail of a
+// row, so that every element goes through the same vector code wherever a buffer ends.
+inline Vec load_n(const float* p, int64_t count) {
+  if (count == kWidth) return load(p);
   float lanes[kWidth] = {};
   std::memcpy(lanes, p, static_cast<size_t>(count) * sizeof(float));
   return load(lanes);
 }
-inline void store_partial(float* p, Vec a, int64_t count) {
+inline void store_n(float* p, Vec a, int64_t count) {
+  if (count == kWidth) {
+    store(p, a);
+    return;
+  }
   float lanes[kWidth];
   store(lanes, a);
   std::memcpy(p, lanes, static_cast<size_t>(count) * sizeof(float));

@@ -20,17 +20,10 @@ namespace cabm::CABM_LAYERNORM_VARIANT {
 namespace {
 
 namespace simd = ::cabm::CABM_SIMD_NS;
+using simd::load_n;
+using simd::store_n;
 using simd::Vec;
 
-inline Vec load_n(const float* p, int64_t count) {
-  return count == simd::kWidth ? simd::load(p) : simd::load_partial(p, count);
-}
-inline void store_n(float* p, Vec a, int64_t count) {
-  if (count == simd::kWidth)
-    simd::store(p, a);
-  else
-    simd::store_partial(p, a, count);
-}
 // p[c, c + count), or `fallback` if p is null (an absent weight or bias).
 inline Vec load_or(const float* p, int64_t c, int64_t count, Vec fallback) {
   return p ? load_n(p + c, count) : fallback;
