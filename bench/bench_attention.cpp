@@ -12,8 +12,8 @@
 // the query's own position). M = N, B = 1, H = 8.
 #include "cabm/core/rng.h"
 #include "cabm/core/tensor.h"
-#include "cabm/kernels/attention_flash.h"
-#include "cabm/kernels/attention_reference.h"
+#include "cabm/kernels/attention/flash.h"
+#include "cabm/kernels/attention/reference.h"
 #include "cabm/kernels/gemm.h"
 
 #include <benchmark/benchmark.h>

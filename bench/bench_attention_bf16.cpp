@@ -14,8 +14,8 @@
 //   CABM_FORCE_PORTABLE=1 ./build/bf16/bench/bench_attention_bf16
 #include "cabm/core/tensor.h"
 #include "cabm/core/threads.h"
-#include "cabm/kernels/attention_flash.h"
-#include "cabm/kernels/attention_flash_bf16.h"
+#include "cabm/kernels/attention/flash.h"
+#include "cabm/kernels/attention/flash_bf16.h"
 #include "cabm/kernels/bf16.h"
 
 #include <benchmark/benchmark.h>

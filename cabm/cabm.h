@@ -5,9 +5,9 @@
 //   tensors    Tensor (cabm/core/tensor.h): shape, strides, dtype F32 / BF16 / BOOL / I64.
 //              Tensor::from_external(ptr, shape) views your own buffer without a copy.
 //   threads    set_num_threads (cabm/core/threads.h); default: CABM_NUM_THREADS or all cores.
-//   attention  attention_forward / attention_backward (cabm/kernels/attention.h) on
+//   attention  attention_forward / attention_backward (cabm/kernels/attention/attention.h) on
 //              q [B, N, H, d], k [B, M, H, d], v [B, M, H, dv] with an explicit Mask
-//              (cabm/kernels/mask.h: causal, key_padding, sliding_window, block_sparse,
+//              (cabm/kernels/attention/mask.h: causal, key_padding, sliding_window, block_sparse,
 //              allow, additive, combined with &); the tiled O(N)-memory kernel runs for all.
 //   modules    MultiHeadAttention, EncoderLayer, Encoder, CausalLM, Classifier (cabm/nn/),
 //              forward and backward side by side with explicit caches.
@@ -42,8 +42,8 @@
 #include "cabm/io/text_data.h"
 #include "cabm/io/text_lines.h"
 #include "cabm/io/tokenizer.h"
-#include "cabm/kernels/attention.h"
-#include "cabm/kernels/mask.h"
+#include "cabm/kernels/attention/attention.h"
+#include "cabm/kernels/attention/mask.h"
 #include "cabm/nn/causal_lm.h"
 #include "cabm/nn/classifier.h"
 #include "cabm/nn/encoder.h"

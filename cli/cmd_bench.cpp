@@ -24,10 +24,10 @@
 #include "cabm/core/memory.h"
 #include "cabm/core/tensor.h"
 #include "cabm/core/threads.h"
-#include "cabm/kernels/attention.h"
-#include "cabm/kernels/attention_flash_bf16.h"
+#include "cabm/kernels/attention/attention.h"
+#include "cabm/kernels/attention/flash_bf16.h"
 #include "cabm/kernels/bf16.h"
-#include "cabm/kernels/block_sparse.h"
+#include "cabm/kernels/attention/block_sparse.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>

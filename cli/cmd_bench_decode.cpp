@@ -1,5 +1,5 @@
 // `cabm bench decode`: one-token decoding against a long KV cache (the split-key kernel,
-// cabm/kernels/attention_decode.h), reported as GB/s of K and V read, beside the memory-copy
+// cabm/kernels/attention/decode.h), reported as GB/s of K and V read, beside the memory-copy
 // bandwidth of this machine measured in the same run: bytes copied per second by a parallel
 // memcpy of a buffer larger than the caches (each byte read once and written once; STREAM
 // would count both and report twice this figure).
@@ -12,7 +12,7 @@
 #include "cli/flags.h"
 #include "cabm/core/memory.h"
 #include "cabm/core/threads.h"
-#include "cabm/kernels/attention.h"
+#include "cabm/kernels/attention/attention.h"
 #include "cabm/kernels/bf16.h"
 
 #include <fmt/format.h>

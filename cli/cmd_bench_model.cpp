@@ -18,7 +18,7 @@
 #include "cabm/core/memory.h"
 #include "cabm/core/rng.h"
 #include "cabm/core/threads.h"
-#include "cabm/kernels/attention_flash_bf16.h"
+#include "cabm/kernels/attention/flash_bf16.h"
 #include "cabm/kernels/bf16.h"
 #include "cabm/kernels/gemm.h"
 #include "cabm/kernels/gemm_route.h"

@@ -5,8 +5,8 @@ include(CMakePackageConfigHelpers)
 set(CABM_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/cabm)
 # Headers that only the kernels' own sources include: their content depends on the ISA flags
 # the library was compiled with, so they are not part of the interface.
-set(CABM_INTERNAL_HEADERS attention_simd.h attention_flash_detail.h tile_mask.h x86_intrinsics.h
-                          attention_bf16_packing.h hf_tokenizer_impl.h hf_tokenizer_files.h)
+set(CABM_INTERNAL_HEADERS simd.h flash_detail.h tile_mask.h x86_intrinsics.h
+                          bf16_packing.h hf_tokenizer_impl.h hf_tokenizer_files.h)
 
 install(TARGETS cabm_lib EXPORT cabmTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}

@@ -1,7 +1,7 @@
 #include "cabm/interop/attention_file.h"
 
 #include "cabm/core/checked.h"
-#include "cabm/kernels/attention.h"
+#include "cabm/kernels/attention/attention.h"
 #include "cabm/kernels/bf16.h"
 #include "cabm/kernels/rope.h"
 
@@ -169,7 +169,7 @@ RopeOptions read_rope(const SafetensorsFile& in, const Problem& p) {
   return rope;
 }
 
-// Positions for rotary: the file's, or the defaults of attention_reference.h (keys 0…M−1,
+// Positions for rotary: the file's, or the defaults of attention/reference.h (keys 0…M−1,
 // queries M−N…M−1).
 std::vector<int64_t> or_default(const std::vector<int64_t>& given, int64_t length, int64_t first) {
   if (!given.empty()) return given;

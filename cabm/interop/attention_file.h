@@ -1,5 +1,5 @@
 // What `cabm attention` runs: the attention kernel on tensors from a safetensors file, forward
-// and (when the file has `dout`) backward, with every variant of attention_reference.h and
+// and (when the file has `dout`) backward, with every variant of attention/reference.h and
 // rotary positions (rope.h). The contract is in docs/attention_file.md; in short:
 //   IN (F32): q [B, N, Hq, d], k [B, M, Hkv, d], v [B, M, Hkv, dv]; optional mask (BOOL, true =
 //   may attend, or F32 added to the scores) broadcastable to [B, Hq, N, M], alibi_slopes [Hq],

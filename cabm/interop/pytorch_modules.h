@@ -7,7 +7,7 @@
 
 #include "cabm/core/checked.h"
 #include "cabm/io/safetensors.h"
-#include "cabm/kernels/mask.h"
+#include "cabm/kernels/attention/mask.h"
 #include "cabm/nn/encoder.h"
 
 #include <map>

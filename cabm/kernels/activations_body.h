@@ -1,6 +1,6 @@
 // The GELU spans (activations.cpp) compiled once per instruction set: activations_{avx512,avx2,
 // portable}.cpp include this file inside a `#pragma GCC target` region after defining
-//   CABM_SIMD_LEVEL     2, 1 or 0: the attention_simd.h flavour (GCC does not define __AVX512F__
+//   CABM_SIMD_LEVEL     2, 1 or 0: the simd.h flavour (GCC does not define __AVX512F__
 //                       inside such a region, so it is chosen explicitly)
 //   CABM_SIMD_NS        that flavour's namespace (simd_avx512, ...): one per set, so that the
 //                       inline vector functions of different sets never merge at link time
@@ -10,7 +10,7 @@
 // The math (and its accuracy) is described there and in activations.h; the code is the former
 // per-set intrinsic copies written once on simd::Vec, operation for operation, so the bits did
 // not change.
-#include "cabm/kernels/attention_simd.h"
+#include "cabm/kernels/simd.h"
 
 namespace cabm::CABM_GELU_VARIANT {
 namespace {

@@ -1,6 +1,6 @@
 // The vector instruction sets of the kernels that are compiled once per set and chosen at run
-// time (the split-key decode kernel, attention_decode.h, and the tiled attention kernel,
-// attention_flash.h, with the bf16 kernels' fp32 SIMD path). Each such kernel is built for
+// time (the split-key decode kernel, attention/decode.h, and the tiled attention kernel,
+// attention/flash.h, with the bf16 kernels' fp32 SIMD path). Each such kernel is built for
 // every set in the same binary, whatever the build's own flags (CABM_NATIVE=OFF included), and
 // calls the widest one this CPU and OS run, so that one binary is fast on every x86-64 CPU.
 //   kAvx512   AVX-512 F, BW, DQ, VL (16 fp32 lanes)

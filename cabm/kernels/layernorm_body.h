@@ -1,7 +1,7 @@
 // The LayerNorm row kernels (layernorm.cpp) compiled once per instruction set:
 // layernorm_{avx512,avx2,portable}.cpp include this file inside a `#pragma GCC target` region
 // after defining
-//   CABM_SIMD_LEVEL          2, 1 or 0: the attention_simd.h flavour (GCC does not define
+//   CABM_SIMD_LEVEL          2, 1 or 0: the simd.h flavour (GCC does not define
 //                            __AVX512F__ inside such a region, so it is chosen explicitly)
 //   CABM_SIMD_NS             that flavour's namespace (simd_avx512, ...): one per set, so that the
 //                            inline vector functions of different sets never merge at link time
@@ -14,7 +14,7 @@
 // vectorises for the region's set; the element-wise parts are simd::Vec code, a row's tail through
 // a zero-padded copy. Each set sums in its own fixed order: the same bits on every call and for
 // every thread count, within float rounding of the other sets.
-#include "cabm/kernels/attention_simd.h"
+#include "cabm/kernels/simd.h"
 
 namespace cabm::CABM_LAYERNORM_VARIANT {
 namespace {

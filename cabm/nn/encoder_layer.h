@@ -7,7 +7,7 @@
 #pragma once
 
 #include "cabm/kernels/activations.h"
-#include "cabm/kernels/mask.h"
+#include "cabm/kernels/attention/mask.h"
 #include "cabm/nn/feed_forward.h"
 #include "cabm/nn/forward_mode.h"
 #include "cabm/nn/layer_norm.h"

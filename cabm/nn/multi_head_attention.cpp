@@ -1,6 +1,6 @@
 #include "cabm/nn/multi_head_attention.h"
 
-#include "cabm/kernels/attention.h"
+#include "cabm/kernels/attention/attention.h"
 #include "cabm/nn/bf16_util.h"
 
 #include <algorithm>

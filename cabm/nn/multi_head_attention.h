@@ -27,8 +27,8 @@
 #pragma once
 
 #include "cabm/core/tensor.h"
-#include "cabm/kernels/attention.h"
-#include "cabm/kernels/mask.h"
+#include "cabm/kernels/attention/attention.h"
+#include "cabm/kernels/attention/mask.h"
 #include "cabm/kernels/rope.h"
 #include "cabm/nn/linear.h"
 
@@ -124,7 +124,7 @@ struct AttentionInputGrads {
 
 // inputs: exactly as given to the forward (same tensors, unchanged); dout: [B, N, E].
 //   d(attn) = dout W_O,  dW_O += doutᵀ attn,  db_O += Σ dout
-//   dQ, dK, dV from attention_backward (cabm/kernels/attention.h; softmax backward through S = QKᵀ·scale)
+//   dQ, dK, dV from attention_backward (cabm/kernels/attention/attention.h; softmax backward through S = QKᵀ·scale)
 //   dquery = dQ W_Q,  dW_Q += dQᵀ query,  db_Q += Σ dQ  (likewise K, V)
 // Parameter gradients accumulate into grads (a module of the same configuration).
 void multi_head_attention_backward(const MultiHeadAttention& mha, const AttentionInputs& inputs, const Tensor& dout,

@@ -1,5 +1,5 @@
 // The attention variants of the bf16 flash forward (grouped-query attention, logit soft-capping,
-// ALiBi; attention_reference.h defines them) against the fp32 reference run on the same
+// ALiBi; attention/reference.h defines them) against the fp32 reference run on the same
 // bf16-rounded inputs, on each forward path this CPU has (amx_bf16, avx512_bf16, portable; a
 // path the CPU lacks is skipped with the reason): every mask kind, dropout, odd sizes and tile
 // tails, forced tile sizes, thread counts, fully masked rows, and the vector tanh on its own. The
@@ -19,10 +19,10 @@
 // head would be off by O(1): VariantsChangeTheResultBeyondTheTolerance checks that on the cases
 // here, so the comparisons can fail.
 #include "cabm/core/threads.h"
-#include "cabm/kernels/attention.h"
-#include "cabm/kernels/attention_bf16_variants.h"
-#include "cabm/kernels/attention_flash_bf16.h"
-#include "cabm/kernels/attention_reference.h"
+#include "cabm/kernels/attention/attention.h"
+#include "cabm/kernels/attention/bf16_variants.h"
+#include "cabm/kernels/attention/flash_bf16.h"
+#include "cabm/kernels/attention/reference.h"
 #include "cabm/kernels/bf16.h"
 #include "util/attention_cases.h"
 #include "util/test_util.h"
@@ -425,7 +425,7 @@ void check_backward(const Case& c) {
 }
 
 // On the portable backward (this file's), and on the automatic backward path (the fp32 SIMD
-// tiles of attention_flash.cpp on most CPUs) where flash_bf16_supports_variants says it runs them.
+// tiles of attention/flash.cpp on most CPUs) where flash_bf16_supports_variants says it runs them.
 void check_backward_paths(const Case& c) {
   for (Bf16Isa isa : {Bf16Isa::kPortable, Bf16Isa::kAuto}) {
     ScopedIsa scoped(isa);

@@ -1,11 +1,11 @@
-// The split-key decoding kernel (attention_decode.h) against the reference: GQA and MQA shapes,
+// The split-key decoding kernel (attention/decode.h) against the reference: GQA and MQA shapes,
 // 1 to kDecodeMaxQueryRows query rows, caches spanning many chunks (forced small chunks and the
 // default), every mask it takes (causal both ways, windows, key padding with empty items), soft-
 // capping, ALiBi with positions, sinks through the entry point, F32 and BF16 caches; results
 // bit-identical across thread counts and chunkings that keep the same chunk size.
-#include "cabm/kernels/attention.h"
-#include "cabm/kernels/attention_decode.h"
-#include "cabm/kernels/attention_simd.h"
+#include "cabm/kernels/attention/attention.h"
+#include "cabm/kernels/attention/decode.h"
+#include "cabm/kernels/simd.h"
 #include "cabm/kernels/bf16.h"
 #include "cabm/kernels/cpu_isa.h"
 #include "util/simd_isas.h"

@@ -1,10 +1,10 @@
 // Tier 2 of the attention tests: the flash kernels (forward and backward) against the reference
 // kernels, over odd sizes and tails, every mask kind, dropout, tile sizes and thread counts.
-#include "cabm/kernels/attention.h"
-#include "cabm/kernels/attention_flash.h"
-#include "cabm/kernels/attention_flash_bf16.h"
-#include "cabm/kernels/attention_reference.h"
-#include "cabm/kernels/attention_simd.h"
+#include "cabm/kernels/attention/attention.h"
+#include "cabm/kernels/attention/flash.h"
+#include "cabm/kernels/attention/flash_bf16.h"
+#include "cabm/kernels/attention/reference.h"
+#include "cabm/kernels/simd.h"
 #include "cabm/kernels/bf16.h"
 #include "util/attention_cases.h"
 #include "util/simd_isas.h"

@@ -29,9 +29,9 @@
 // reference (expect_same_roundings): the norm-wise fp32 bounds are too loose to notice a missing
 // rounding of dS, this check is not.
 #include "cabm/core/threads.h"
-#include "cabm/kernels/attention_flash_bf16.h"
-#include "cabm/kernels/attention_reference.h"
-#include "cabm/kernels/attention_simd.h"
+#include "cabm/kernels/attention/flash_bf16.h"
+#include "cabm/kernels/attention/reference.h"
+#include "cabm/kernels/simd.h"
 #include "cabm/kernels/bf16.h"
 #include "util/attention_cases.h"
 #include "util/test_util.h"

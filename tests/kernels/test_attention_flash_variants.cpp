@@ -1,12 +1,12 @@
 // Tier 2 of the attention tests for the variants of current models in the fp32 flash kernel:
 // grouped-query attention (GQA/MQA), logit soft-capping and ALiBi, forward and backward, against
-// the reference kernel (attention_reference.cpp, the oracle), alone and combined with every mask
+// the reference kernel (attention/reference.cpp, the oracle), alone and combined with every mask
 // kind, dropout, odd sizes, small tiles and thread counts; and the vectorised tanh they need.
-#include "cabm/kernels/attention.h"
-#include "cabm/kernels/attention_flash.h"
-#include "cabm/kernels/attention_flash_detail.h"
-#include "cabm/kernels/attention_reference.h"
-#include "cabm/kernels/attention_simd.h"
+#include "cabm/kernels/attention/attention.h"
+#include "cabm/kernels/attention/flash.h"
+#include "cabm/kernels/attention/flash_detail.h"
+#include "cabm/kernels/attention/reference.h"
+#include "cabm/kernels/simd.h"
 #include "cabm/kernels/bf16.h"
 #include "util/attention_cases.h"
 #include "util/simd_isas.h"
@@ -546,7 +546,7 @@ TEST(FlashVariants, EntryPointRunsTheFlashKernelWithSinks) {
   test::expect_within(flash.grads.dsinks, dsinks, rel * dsink_scale, "dsinks");
 }
 
-// The bf16 SIMD path runs the same tile loops over bf16 operands (attention_flash_detail.h): with
+// The bf16 SIMD path runs the same tile loops over bf16 operands (attention/flash_detail.h): with
 // GQA and both score variants it must match the fp32 reference on the same (bf16) values up to
 // the bf16 rounding of the products' other operands (P, dO, P∘z, dS: 2^-9 relative each; 8·2^-9
 // covers the few roundings each result goes through).

@@ -2,8 +2,8 @@
 // double precision, independently of kernels/ (mask semantics included): the forward against a
 // naive double implementation, the backward against central finite differences of that
 // implementation.
-#include "cabm/kernels/attention_reference.h"
-#include "cabm/kernels/block_sparse.h"
+#include "cabm/kernels/attention/reference.h"
+#include "cabm/kernels/attention/block_sparse.h"
 #include "util/attention_cases.h"
 #include "util/test_util.h"
 

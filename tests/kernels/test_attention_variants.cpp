@@ -1,4 +1,4 @@
-// The attention variants of current models (attention_reference.h): grouped-query attention,
+// The attention variants of current models (attention/reference.h): grouped-query attention,
 // soft-capping, ALiBi with positions, sinks; and rotary positions (rope.h).
 //  - tier 3: the reference forward against naive double math written here from the formulas,
 //    the reference backward (and the sink gradient) against central finite differences of
@@ -6,8 +6,8 @@
 //  - the entry point (attention_forward/backward, which folds sinks around the tiled kernels)
 //    against the reference;
 //  - rotary: against the rotation written out in double, its backward as the exact transpose.
-#include "cabm/kernels/attention.h"
-#include "cabm/kernels/attention_reference.h"
+#include "cabm/kernels/attention/attention.h"
+#include "cabm/kernels/attention/reference.h"
 #include "cabm/kernels/rope.h"
 #include "util/attention_cases.h"
 #include "util/test_util.h"
@@ -39,7 +39,7 @@ double at(const Tensor& t, int64_t a, int64_t b, int64_t c, int64_t e) {
   return t.data<float>()[((a * t.size(1) + b) * t.size(2) + c) * t.size(3) + e];
 }
 
-// The formulas of attention_reference.h in double, one row at a time (contiguous inputs).
+// The formulas of attention/reference.h in double, one row at a time (contiguous inputs).
 struct Naive {
   std::vector<double> out, lse;
 };

@@ -1,6 +1,6 @@
 // The Mask type: each named constructor's meaning, alignment for N ≠ M, combination with &,
 // broadcasting and validation errors.
-#include "cabm/kernels/mask.h"
+#include "cabm/kernels/attention/mask.h"
 #include "util/test_util.h"
 
 #include <cmath>

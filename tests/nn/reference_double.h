@@ -1,13 +1,13 @@
 // A double-precision reference of the nn/ forward passes, written independently of the float
 // code (plain loops, one function per module), reading parameters by their PyTorch names. The
 // gradient-check tests differentiate it by central differences and compare with the float
-// backward passes. Masks use cabm/kernels/mask.h's ResolvedMask (the mask semantics are tested
+// backward passes. Masks use cabm/kernels/attention/mask.h's ResolvedMask (the mask semantics are tested
 // elsewhere) and dropout uses the same counter-based decisions as the kernels, so training
 // mode is checked too.
 #pragma once
 
-#include "cabm/kernels/attention_reference.h"
-#include "cabm/kernels/mask.h"
+#include "cabm/kernels/attention/reference.h"
+#include "cabm/kernels/attention/mask.h"
 #include "cabm/nn/forward_mode.h"
 #include "cabm/nn/parameters.h"
 

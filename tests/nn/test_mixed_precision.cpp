@@ -16,7 +16,7 @@
 //       ||out_bf16 − out_fp32|| / ||out_fp32|| <= S·3u·κ,
 //   S the number of bf16 product stages on the longest path and κ = ||·|A||B|·|| / ||A·B||, the
 //   cancellation factor of the data, measured below on the module's first product.
-#include "cabm/kernels/attention_flash_bf16.h"
+#include "cabm/kernels/attention/flash_bf16.h"
 #include "cabm/kernels/bf16.h"
 #include "cabm/kernels/gemm.h"
 #include "cabm/nn/bf16_util.h"

@@ -2,7 +2,7 @@
 
 #include "cabm/core/error.h"
 #include "cabm/core/rng.h"
-#include "cabm/kernels/block_sparse.h"
+#include "cabm/kernels/attention/block_sparse.h"
 #include "util/simd_isas.h"
 #include "util/test_util.h"
 

@@ -4,10 +4,10 @@
 #pragma once
 
 #include "cabm/core/tensor.h"
-#include "cabm/kernels/attention_flash.h"
-#include "cabm/kernels/attention_reference.h"
+#include "cabm/kernels/attention/flash.h"
+#include "cabm/kernels/attention/reference.h"
 #include "cabm/kernels/cpu_isa.h"
-#include "cabm/kernels/mask.h"
+#include "cabm/kernels/attention/mask.h"
 
 #include <cstdint>
 #include <functional>

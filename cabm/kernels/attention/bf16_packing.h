@@ -1,0 +1,80 @@
+// The packed bf16 K and V layouts that the vdpbf16ps and AMX attention forwards share (internal
+// to cabm/kernels/: included by attention/flash_bf16.cpp and attention/flash_amx.cpp):
+//   K [Mp/16][dp/2][16][2]  blocks of 16 keys, then pairs of head-dim elements (one zmm of
+//                           16 keys × 2 dims; for AMX, the VNNI layout of a B tile)
+//   V [Mp/2][dvp][2]        pairs of keys, then columns
+// dp, dvp: d and dv rounded up (even at least); Mp: M rounded up to 16 (or more); the padding
+// is zero. Also the end of a query tile, which both forwards share (write_tile_output).
+#pragma once
+
+#include "cabm/core/tensor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+namespace cabm::detail {
+
+inline constexpr int64_t kPackedKeyBlock = 16;
+
+// Element (key j, dim c) in packed K, and (key j, column c) in packed V.
+inline int64_t packed_k_index(int64_t j, int64_t c, int64_t dp) {
+  return ((j / kPackedKeyBlock) * (dp / 2) + c / 2) * (kPackedKeyBlock * 2) + (j % kPackedKeyBlock) * 2 + (c & 1);
+}
+inline int64_t packed_v_index(int64_t j, int64_t c, int64_t dvp) {
+  return ((j / 2) * dvp + c) * 2 + (j & 1);
+}
+
+// Element [b, 0, h, 0] of a BF16 [B, L, H, d] view.
+inline const bf16* bf16_head_ptr(const Tensor& t, int64_t b, int64_t h) {
+  return t.data<bf16>() + b * t.stride(0) + h * t.stride(2);
+}
+
+// Packs key/value head (b, h) of k [B, M, Hkv, d] and v [B, M, Hkv, dv] into kp [Mp · dp] and
+// vp [Mp · dvp]: once per key/value head, whatever number of query heads read it (GQA).
+inline void pack_kv_head(const Tensor& k, const Tensor& v, int64_t b, int64_t h, int64_t Mp, int64_t dp,
+                         int64_t dvp, bf16* kp, bf16* vp) {
+  const int64_t M = k.size(1), d = k.size(3), dv = v.size(3);
+  std::fill_n(kp, Mp * dp, bf16{0});
+  std::fill_n(vp, Mp * dvp, bf16{0});
+  const bf16* ks = bf16_head_ptr(k, b, h);
+  const bf16* vs = bf16_head_ptr(v, b, h);
+  for (int64_t j = 0; j < M; ++j) {
+    const bf16* krow = ks + j * k.stride(1);
+    const bf16* vrow = vs + j * v.stride(1);
+    for (int64_t c = 0; c < d; ++c) kp[packed_k_index(j, c, dp)] = krow[c];
+    for (int64_t c = 0; c < dv; ++c) vp[packed_v_index(j, c, dvp)] = vrow[c];
+  }
+}
+
+// A query tile's running softmax state: unnormalised output rows o (ldo floats apart), their
+// denominators l and base-2 maxima m.
+struct TileState {
+  const float* o;
+  int64_t ldo;
+  const float* l;
+  const float* m;
+};
+
+// Divides each of the tile's ni rows by its denominator into out [B, N, H, dv] (rows i0 … of
+// head (b, h)) and writes its natural log-sum-exp to lse_rows (when not null); fully masked rows
+// (l = 0) give 0 and lse −inf.
+inline void write_tile_output(const Tensor& out, int64_t b, int64_t h, int64_t i0, int64_t ni, int64_t dv,
+                              const TileState& t, float* lse_rows) {
+  constexpr float kLn2 = 0.6931471805599453f;
+  const int64_t out_stride = out.stride(1);
+  float* rows = out.data<float>() + b * out.stride(0) + h * out.stride(2);
+  for (int64_t r = 0; r < ni; ++r) {
+    float* orow = rows + (i0 + r) * out_stride;
+    const float lr = t.l[r];
+    if (lr == 0.0f) {
+      std::fill_n(orow, dv, 0.0f);
+    } else {
+      const float inv = 1.0f / lr;
+      for (int64_t c = 0; c < dv; ++c) orow[c] = t.o[r * t.ldo + c] * inv;
+    }
+    if (lse_rows) lse_rows[r] = lr > 0.0f ? (t.m[r] + std::log2(lr)) * kLn2 : -INFINITY;
+  }
+}
+
+}  // namespace cabm::detail

@@ -1,0 +1,113 @@
+// The tiled attention kernel's entry points: shape checks, tile sizes, and the choice of the
+// instruction set whose tile loops run (attention/flash_{forward,backward}_body.h, compiled once
+// per set in attention/flash_{avx512,avx2,portable}.cpp; cpu_isa.h chooses, once per process).
+#include "cabm/kernels/attention/flash.h"
+#include "cabm/kernels/attention/flash_detail.h"
+#include "cabm/kernels/attention/flash_item.h"
+#include "cabm/kernels/cpu_isa.h"
+
+namespace cabm {
+namespace {
+
+template <typename T>
+void flash_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
+                   const Tensor& out, const Tensor* lse, const FlashConfig& config) {
+  switch (simd_isa()) {
+    case SimdIsa::kAvx512:
+      return flash::avx512::forward<T>(q, k, v, options, out, lse, config);
+    case SimdIsa::kAvx2:
+      return flash::avx2::forward<T>(q, k, v, options, out, lse, config);
+    case SimdIsa::kPortable:
+      break;
+  }
+  flash::portable::forward<T>(q, k, v, options, out, lse, config);
+}
+
+template <typename T>
+void flash_backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
+                    const AttentionGrads& grads, const FlashConfig& config) {
+  switch (simd_isa()) {
+    case SimdIsa::kAvx512:
+      return flash::avx512::backward<T>(saved, dout, options, grads, config);
+    case SimdIsa::kAvx2:
+      return flash::avx2::backward<T>(saved, dout, options, grads, config);
+    case SimdIsa::kPortable:
+      break;
+  }
+  flash::portable::backward<T>(saved, dout, options, grads, config);
+}
+
+}  // namespace
+
+const char* flash_isa() {
+  return simd_isa_name(simd_isa());
+}
+
+bool flash_supports_variants(int64_t H, int64_t Hkv, const AttentionOptions& options) {
+  (void)H, (void)Hkv, (void)options;
+  return true;  // GQA/MQA, soft-capping and ALiBi, with every mask kind and dropout
+}
+
+FlashConfig flash_resolved_config(const FlashConfig& config, const AttentionOptions& options, int64_t d, int64_t n,
+                                  bool backward) {
+  FlashConfig c = config;
+  CABM_CHECK(c.block_q >= 0 && c.block_k >= 0, "flash tile sizes must be >= 0, got {}x{}", c.block_q, c.block_k);
+  // Chosen on Zen 3 with AVX2 (32 KiB L1d, 512 KiB L2); differences between neighbouring choices
+  // were within the measurement noise of a shared machine (±10%), so the rules are structural:
+  //  - the broadcast dimension of the big products (keys in the forward's S = K·Qᵀ, queries in the
+  //    backward's S and dP) is a multiple of the micro-kernel's 6 rows: no tail blocks;
+  //  - the lane dimension is a multiple of 16 (two AVX2 vectors, a quarter of an AVX-512 chunk);
+  //  - for d > 64 the forward takes 32 query rows so that Qᵀ and Oᵀ stay at 16 KiB each.
+  //  - short sequences (N <= 256) with a diagonal (causal, sliding window) take 32 × 32 tiles:
+  //    there nearly every tile of the default size straddles the diagonal and pays for a mask.
+  //    Measured (B·N = 4096, H 8, 2 threads, causal; tile sizes interleaved in one process):
+  //    N = 128, d 32: forward +24–31%, backward +12–24%; N = 256: +17% and +9–11%; at N = 512
+  //    the gain is down to ≈ 5% and the defaults stay.
+  // Not tuned for AVX-512 (no such machine was available).
+  //    (Not for one query row, KV-cache decoding: its row sees whole tiles, no diagonal.)
+  const bool short_diagonal =
+      n > 1 && n <= 256 && (options.mask.causal_align() != CausalAlign::kNone || options.mask.has_window());
+  const int64_t default_q = short_diagonal ? 32 : backward ? 96 : (d > 64 ? 32 : 64);
+  const int64_t default_k = short_diagonal ? 32 : 96;
+  // With a block-sparse layout, tiles that coincide with its blocks let whole blocks be skipped.
+  const auto& layouts = options.mask.block_layouts();
+  if (c.block_q == 0) {
+    c.block_q = default_q;
+    if (!layouts.empty() && layouts[0].block_q >= 8 && layouts[0].block_q <= 256) c.block_q = layouts[0].block_q;
+  }
+  if (c.block_k == 0) {
+    c.block_k = default_k;
+    if (!layouts.empty() && layouts[0].block_k >= 8 && layouts[0].block_k <= 256) c.block_k = layouts[0].block_k;
+  }
+  return c;
+}
+
+void attention_flash_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
+                             const Tensor& out, const Tensor* lse, const FlashConfig& config) {
+  check_attention_shapes(q, k, v, out);
+  flash_forward<float>(q, k, v, options, out, lse, config);
+}
+
+void attention_flash_backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
+                              const AttentionGrads& grads, const FlashConfig& config) {
+  check_attention_backward_shapes(saved, dout, grads);
+  flash_backward<float>(saved, dout, options, grads, config);
+}
+
+namespace detail {
+
+void attention_flash_bf16_forward_simd(const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const AttentionOptions& options, const Tensor& out, const Tensor* lse,
+                                       const FlashConfig& config) {
+  flash_forward<bf16>(q, k, v, options, out, lse, config);
+}
+
+void attention_flash_bf16_backward_simd(const AttentionSaved& saved, const Tensor& dout,
+                                        const AttentionOptions& options, const AttentionGrads& grads,
+                                        const FlashConfig& config) {
+  flash_backward<bf16>(saved, dout, options, grads, config);
+}
+
+}  // namespace detail
+
+}  // namespace cabm

@@ -1,0 +1,9 @@
+// The tiled attention kernel's tile loops for AVX2 + FMA, whatever the build's own flags:
+// chosen at run time (cpu_isa.h). See attention/flash_item.h and attention/decode_body.h for the scheme.
+#include "cabm/kernels/attention/flash_item.h"
+
+#include "cabm/kernels/simd_set_avx2_begin.h"
+#define CABM_FLASH_SET avx2
+#include "cabm/kernels/attention/flash_backward_body.h"
+#include "cabm/kernels/attention/flash_forward_body.h"
+#include "cabm/kernels/simd_set_end.h"

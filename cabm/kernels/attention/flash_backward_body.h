@@ -1,0 +1,390 @@
+// The backward tile loop of the tiled attention kernel and its driver, compiled once per
+// instruction set like the forward (attention/flash_forward_body.h, which the per-set files include
+// first). Everything here has internal linkage but the explicit instantiations of backward<T>.
+#include "cabm/kernels/attention/score_epilogue.h"
+#include "cabm/kernels/simd.h"
+#include "cabm/kernels/attention/tile_product.h"
+
+namespace cabm::flash::CABM_FLASH_SET {
+namespace {
+
+namespace simd = ::cabm::CABM_SIMD_NS;
+using simd::kWidth;
+using simd::Vec;
+using HeadScores = simd::HeadScores;
+using simd::tile::Accum;
+using simd::tile::round_tile_to_bf16;
+using simd::tile::tile_product;
+
+// ---------------------------------------------------------------------------------------------
+// Backward. One work item is (b, key/value head hk, key tile); it owns its rows of dk and dv,
+// walks, for each query head of hk's group in head order, the query tiles that can see it, and
+// adds its share of dq into a per-thread accumulator for those heads. With GQA the group's
+// contributions to dk and dv thus add up in the item's tiles in a fixed order, with one writer.
+// Its buffers hold tiles with lanes over the keys: Kᵀ and Vᵀ packed once per item, S, P, dP, dS
+// row per query.
+
+struct BackwardBuffers {
+  int64_t ld, dp;  // lanes: block_k and d rounded up to the vector width
+  float *kt, *vt, *ks, *dkt, *dvt, *s, *dpp, *mask, *z;
+  float *koff, *cap;  // ALiBi: the tile's key positions [ld]; soft-cap: 1 − tanh² [block_q][ld]
+  // Per chunk of query rows of the group's query heads (see backward_chunk_rows), query head
+  // hk·group + u at rows u·(chunk rows) on:
+  float *lse2, *delta, *dq;  // [rows], [rows], [rows][dp]
+  float *q, *g;              // Q [rows][d] and dO [rows][dv], packed (see the forward's K, V)
+  int64_t head = -1;         // b·Hkv + hk the per-chunk buffers hold
+  Range chunk{0, 0};         // ... and which query rows of each query head
+  BackwardBuffers(const Problem& p, int64_t rows)
+      : ld(round_up(p.block_k, kWidth)),
+        dp(round_up(p.d, kWidth)),
+        kt(scratch(kKt, p.d * ld)),
+        vt(scratch(kVt, p.dv * ld)),
+        ks(scratch(kKs, p.block_k * dp)),
+        dkt(scratch(kDKt, p.d * ld)),
+        dvt(scratch(kDVt, p.dv * ld)),
+        s(scratch(kS, p.block_q * ld)),
+        dpp(scratch(kDP, p.block_q * ld)),
+        mask(scratch(kMaskTile, p.block_q * ld)),
+        z(p.dropout || p.bf16 ? scratch(kZ, p.block_q * ld) : nullptr),
+        koff(p.variants.slopes ? scratch(kKOff, ld) : nullptr),
+        cap(p.variants.softcap > 0.0f ? scratch(kCapGrad, p.block_q * ld) : nullptr),
+        lse2(scratch(kLse2, p.group * rows)),
+        delta(scratch(kDelta, p.group * rows)),
+        dq(scratch(kDQ, p.group * rows * dp)),
+        q(scratch(kHeadQ, p.group * rows * p.d)),
+        g(scratch(kHeadG, p.group * rows * p.dv)) {}
+};
+
+struct BackwardArgs {
+  const AttentionSaved& saved;
+  const Tensor& dout;
+  const AttentionGrads& grads;
+  const AttentionOptions& options;
+  const TileMask& mask;
+  const Problem& p;
+  int64_t chunk_rows;  // backward_chunk_rows
+};
+
+// Setup for the query rows `chunk` of the query heads of key/value head hk: Q and dO packed (dO
+// as bf16 values in mixed precision: it is used only as an operand of products), lse in base 2
+// (+inf for fully masked rows, so that exp2(s − lse) = 0 there), D_i = dO_i · O_i in fp32, and a
+// zero dq accumulator.
+template <typename T>
+void backward_begin_chunk(const BackwardArgs& args, BackwardBuffers& buf, int64_t b, int64_t hk, Range chunk) {
+  const Problem& p = args.p;
+  const int64_t rows = chunk.end - chunk.begin;
+  for (int64_t u = 0; u < p.group; ++u) {
+    const int64_t h = hk * p.group + u;
+    const float* lse = args.saved.lse.data<float>() + (b * p.H + h) * p.N;
+    const HeadRows o = head_rows(args.saved.out, b, h), g = head_rows(args.dout, b, h);
+    const InputRows<T> q = input_rows<T>(args.saved.q, b, h);
+    for (int64_t i = chunk.begin; i < chunk.end; ++i) {
+      const int64_t r = u * rows + i - chunk.begin;
+      widen_row(q.row(i), p.d, buf.q + r * p.d);
+      if constexpr (kRoundsProducts<T>) {
+        for (int64_t c = 0; c < p.dv; ++c) buf.g[r * p.dv + c] = bf16_to_float(float_to_bf16(g.row(i)[c]));
+      } else {
+        std::copy_n(g.row(i), p.dv, buf.g + r * p.dv);
+      }
+      buf.lse2[r] = lse[i] == -INFINITY ? INFINITY : lse[i] * kLog2e;
+      float dot = 0.0f;
+      for (int64_t c = 0; c < p.dv; ++c) dot += o.row(i)[c] * g.row(i)[c];
+      buf.delta[r] = dot;
+    }
+  }
+  std::fill_n(buf.dq, p.group * rows * buf.dp, 0.0f);
+  buf.head = b * p.Hkv + hk;
+  buf.chunk = chunk;
+}
+
+// One key tile of key/value head hk against the query rows of buf.chunk of each query head of its
+// group: dK and dV rows of the tile are written (the first chunk) or added to (later chunks); dq
+// accumulates in buf.dq. kVariants: soft-capping or ALiBi on (attention/score_variants.h).
+template <typename T, bool kVariants>
+void backward_key_tile(const BackwardArgs& args, BackwardBuffers& buf, int64_t b, int64_t hk, int64_t kt) {
+  const Problem& p = args.p;
+  const int64_t j0 = kt * p.block_k, nk = std::min(p.block_k, p.M - j0);
+  const int64_t lanes = round_up(nk, kWidth), ld = buf.ld, dp = buf.dp;
+  const Range keys{j0, j0 + nk};
+  const HeadRows dk = head_rows(args.grads.dk, b, hk), dv = head_rows(args.grads.dv, b, hk);
+  const Range chunk = buf.chunk, all_rows = args.mask.query_range(b, keys);
+  const Range query_range{std::max(all_rows.begin, chunk.begin), std::min(all_rows.end, chunk.end)};
+  const bool first_chunk = chunk.begin == 0;
+  if (query_range.begin >= query_range.end) {  // no query of this chunk sees the tile
+    for (int64_t r = 0; r < nk && first_chunk; ++r) {
+      std::fill_n(dk.data + (j0 + r) * dk.stride, p.d, 0.0f);
+      std::fill_n(dv.data + (j0 + r) * dv.stride, p.dv, 0.0f);
+    }
+    return;
+  }
+  const InputRows<T> k = input_rows<T>(args.saved.k, b, hk), v = input_rows<T>(args.saved.v, b, hk);
+
+  // Kᵀ scaled into base-2 scores (as the forward's Qᵀ), Vᵀ, and K·scale row-major for dQ = dS (scale·K).
+  const float kscale = kVariants ? p.operand_scale : p.scale * kLog2e;
+  float *kt_buf = buf.kt, *vt_buf = buf.vt, *ks = buf.ks;
+  for (int64_t c = 0; c < p.d; ++c) {
+    for (int64_t r = 0; r < nk; ++r) kt_buf[c * ld + r] = widen(k.row(j0 + r)[c]) * kscale;
+    for (int64_t r = nk; r < lanes; ++r) kt_buf[c * ld + r] = 0.0f;
+  }
+  for (int64_t c = 0; c < p.dv; ++c) {
+    for (int64_t r = 0; r < nk; ++r) vt_buf[c * ld + r] = widen(v.row(j0 + r)[c]);
+    for (int64_t r = nk; r < lanes; ++r) vt_buf[c * ld + r] = 0.0f;
+  }
+  for (int64_t r = 0; r < nk; ++r) {
+    for (int64_t c = 0; c < p.d; ++c) ks[r * dp + c] = widen(k.row(j0 + r)[c]) * p.scale;
+    for (int64_t c = p.d; c < dp; ++c) ks[r * dp + c] = 0.0f;
+  }
+  // ALiBi offsets relative to the tile's first key position.
+  const int64_t pos_base = p.variants.k_position(j0);
+  if (kVariants && p.variants.slopes) position_offsets(p.variants, false, j0, nk, lanes, pos_base, buf.koff);
+  float *dkt = buf.dkt, *dvt = buf.dvt, *s = buf.s, *dps = buf.dpp;
+  std::fill_n(dkt, p.d * ld, 0.0f);
+  std::fill_n(dvt, p.dv * ld, 0.0f);
+  const int64_t chunk_rows = chunk.end - chunk.begin;
+
+  for (int64_t u = 0; u < p.group; ++u) {
+    const int64_t h = hk * p.group + u;
+    // Packed by backward_begin_chunk: row i of query head h is row i − chunk.begin here.
+    const HeadRows q{buf.q + u * chunk_rows * p.d, p.d}, g{buf.g + u * chunk_rows * p.dv, p.dv};
+    const float *lse2 = buf.lse2 + u * chunk_rows, *delta = buf.delta + u * chunk_rows;
+    float* dq = buf.dq + u * chunk_rows * dp;
+    const DropoutMatrix dropout(args.options, b, h, p.H, p.M);
+    const HeadScores variants(p.variants, h);
+
+    // Query tiles on the block_q grid of the head (chunks start on it), clipped to the chunk.
+    for (int64_t i0 = query_range.begin / p.block_q * p.block_q; i0 < query_range.end; i0 += p.block_q) {
+      const int64_t ni = std::min(p.block_q, chunk.end - i0), li = i0 - chunk.begin;  // li: chunk-local
+      const Range rows{i0, i0 + ni};
+      const TileKind kind = args.mask.classify(b, h, rows, keys);
+      if (kind == TileKind::kSkip) continue;
+      if (kind == TileKind::kPartial) args.mask.fill(b, h, rows, keys, kLog2e, buf.mask, ld, 1);
+
+      // S = Q Kᵀ (base 2, [soft-cap, ALiBi,] + mask);  P = exp2(S − lse2)
+      tile_product(ni, lanes, p.d, {q.row(li), q.stride, 1}, {kt_buf, ld}, {s, ld}, Accum::kOverwrite);
+      for (int64_t r = 0; r < ni; ++r) {
+        const Vec row_lse = simd::set1(lse2[li + r]);
+        float* srow = s + r * ld;
+        const float* mrow = buf.mask + r * ld;
+        Vec qoff = simd::zero();
+        if (kVariants && p.variants.slopes)
+          qoff = simd::set1(static_cast<float>(p.variants.q_position(i0 + r) - pos_base));
+        for (int64_t lv = 0; lv < lanes; lv += kWidth) {
+          Vec x = simd::load(srow + lv);
+          if constexpr (kVariants) {
+            Vec cap_grad = simd::zero();  // written only with soft-capping; GCC cannot see that
+            x = variants.score(x, qoff, p.variants.slopes ? simd::load(buf.koff + lv) : simd::zero(), &cap_grad);
+            if (variants.softcap()) simd::store(buf.cap + r * ld + lv, cap_grad);
+          }
+          if (kind == TileKind::kPartial) x = simd::add(x, simd::load(mrow + lv));
+          // Recomputed scores may exceed lse by rounding: clamp, P <= 1.
+          const Vec t = simd::min(simd::sub(x, row_lse), simd::zero());
+          Vec pr = simd::exp2_nonpositive(t);
+          if constexpr (kVariants) pr = simd::select_below(t, simd::set1(kNegligible), simd::zero(), pr);
+          simd::store(srow + lv, pr);
+        }
+      }
+      // dP = dO Vᵀ
+      tile_product(ni, lanes, p.dv, {g.row(li), g.stride, 1}, {vt_buf, ld}, {dps, ld}, Accum::kOverwrite);
+      // Dropout: the weights that met V are P∘z, and dP (w.r.t. the undropped P) is dP∘z.
+      const float* p_used = s;
+      if (p.dropout) {
+        float* z = buf.z;
+        for (int64_t r = 0; r < ni; ++r) {
+          dropout.fill_row(i0 + r, j0, j0 + nk, p.keep_scale, z + r * ld, 1);
+          for (int64_t lv = 0; lv < lanes; lv += kWidth) {
+            const Vec zz = simd::load(z + r * ld + lv);
+            simd::store(dps + r * ld + lv, simd::mul(simd::load(dps + r * ld + lv), zz));
+            simd::store(z + r * ld + lv, simd::mul(simd::load(s + r * ld + lv), zz));
+          }
+        }
+        p_used = z;
+      }
+      // Mixed precision: P∘z enters dV as bf16 (into z; P stays fp32 for dS).
+      if constexpr (kRoundsProducts<T>) {
+        round_tile_to_bf16(p_used, buf.z, ni, lanes, ld);
+        p_used = buf.z;
+      }
+      // dVᵀ += dOᵀ (P∘z)
+      tile_product(p.dv, lanes, ni, {g.row(li), 1, g.stride}, {p_used, ld}, {dvt, ld}, Accum::kAdd);
+      // dS = P ∘ (dP − D)  [∘ (1 − tanh²) when soft-capped: then it is dT, the gradient of t]
+      for (int64_t r = 0; r < ni; ++r) {
+        const Vec row_delta = simd::set1(delta[li + r]);
+        for (int64_t lv = 0; lv < lanes; lv += kWidth) {
+          Vec ds = simd::mul(simd::load(s + r * ld + lv), simd::sub(simd::load(dps + r * ld + lv), row_delta));
+          if constexpr (kVariants) {
+            if (variants.softcap()) ds = simd::mul(ds, simd::load(buf.cap + r * ld + lv));
+          }
+          simd::store(dps + r * ld + lv, ds);
+        }
+      }
+      // Mixed precision: dS enters dK and dQ as bf16.
+      if constexpr (kRoundsProducts<T>) round_tile_to_bf16(dps, dps, ni, lanes, ld);
+      // dKᵀ += Qᵀ dS (scaled at the end);  dQ += dS (scale·K), only over the tile's real keys.
+      tile_product(p.d, lanes, ni, {q.row(li), 1, q.stride}, {dps, ld}, {dkt, ld}, Accum::kAdd);
+      tile_product(ni, dp, nk, {dps, ld, 1}, {ks, dp}, {dq + li * dp, dp}, Accum::kAdd);
+    }
+  }
+
+  for (int64_t r = 0; r < nk; ++r) {
+    float* dkrow = dk.data + (j0 + r) * dk.stride;
+    float* dvrow = dv.data + (j0 + r) * dv.stride;
+    if (first_chunk) {
+      for (int64_t c = 0; c < p.d; ++c) dkrow[c] = dkt[c * ld + r] * p.scale;
+      for (int64_t c = 0; c < p.dv; ++c) dvrow[c] = dvt[c * ld + r];
+    } else {
+      for (int64_t c = 0; c < p.d; ++c) dkrow[c] += dkt[c * ld + r] * p.scale;
+      for (int64_t c = 0; c < p.dv; ++c) dvrow[c] += dvt[c * ld + r];
+    }
+  }
+}
+
+using KeyTileFn = void (*)(const BackwardArgs&, BackwardBuffers&, int64_t, int64_t, int64_t);
+
+// dq rows `rows` of the query heads of key/value head hk from an accumulator holding them from
+// row 0 (head hk·group + u from row u · (rows.end − rows.begin) on).
+void write_dq_rows(const BackwardArgs& args, const float* acc, int64_t dp, int64_t b, int64_t hk, Range rows) {
+  const Problem& p = args.p;
+  const int64_t n = rows.end - rows.begin;
+  for (int64_t u = 0; u < p.group; ++u) {
+    const HeadRows dq = head_rows(args.grads.dq, b, hk * p.group + u);
+    for (int64_t i = rows.begin; i < rows.end; ++i)
+      std::copy_n(acc + (u * n + i - rows.begin) * dp, p.d, dq.data + i * dq.stride);
+  }
+}
+
+// The backward's work split when there are few key/value heads (see attention_flash_backward):
+// for each chunk of query rows in turn, contiguous runs of key tiles. Called by every thread of the
+// parallel region (it contains barriers).
+template <typename Elem>
+void backward_split_key_tiles(const BackwardArgs& args, KeyTileFn key_tile, std::vector<int64_t>& prefix,
+                              std::vector<std::array<Partial, 2>>& partials, int t, int T) {
+  const Problem& p = args.p;
+  const int64_t n_kt = ceil_div(p.M, p.block_k), n_items = p.B * p.Hkv * n_kt, dp = round_up(p.d, kWidth);
+  BackwardBuffers buf(p, args.chunk_rows);
+  // The chunks of whole-head mode, in the same order: each key tile's dk and dv rows are written by
+  // the first chunk and added to by the later ones exactly as there, so they are the same bits
+  // whichever mode ran (any thread count), and the buffers stay as small.
+  for (int64_t i0 = 0; i0 < p.N; i0 += args.chunk_rows) {
+    const Range chunk{i0, std::min(p.N, i0 + args.chunk_rows)};
+    const int64_t acc_floats = p.group * (chunk.end - chunk.begin) * dp;
+#pragma omp single
+    {
+      // prefix[n] = estimated cost of items [0, n): the chunk's query rows in range (of each query
+      // head of the group), + 1 so that empty items count.
+      for (int64_t n = 0; n < n_items; ++n) {
+        const int64_t b = n / n_kt / p.Hkv, kt = n % n_kt;
+        const Range rows = args.mask.query_range(b, {kt * p.block_k, std::min(p.M, (kt + 1) * p.block_k)});
+        const int64_t seen = std::max<int64_t>(0, std::min(rows.end, chunk.end) - std::max(rows.begin, chunk.begin));
+        prefix[n + 1] = prefix[n] + seen * p.group + 1;
+      }
+      for (auto& slots : partials)
+        for (Partial& slot : slots) slot.head = -1;
+    }  // (a barrier)
+    const int64_t total = prefix.back();
+    const auto cut = [&](int u) {
+      return static_cast<int64_t>(std::lower_bound(prefix.begin(), prefix.end(), total * u / T) - prefix.begin());
+    };
+    const Range run{cut(t), cut(t + 1)};
+    if (run.begin < run.end) {
+      buf.head = -1;
+      const auto finish_head = [&]() {
+        const int64_t hd = buf.head;
+        if (hd * n_kt >= run.begin && (hd + 1) * n_kt <= run.end) {
+          write_dq_rows(args, buf.dq, buf.dp, hd / p.Hkv, hd % p.Hkv, chunk);
+        } else {
+          Partial& slot = partials[t][hd * n_kt < run.begin ? 0 : 1];
+          slot.head = hd;
+          slot.acc = Floats(acc_floats);
+          std::copy_n(buf.dq, acc_floats, slot.acc.get());
+        }
+      };
+      for (int64_t n = run.begin; n < run.end; ++n) {
+        const int64_t hd = n / n_kt;
+        if (hd != buf.head) {
+          if (buf.head >= 0) finish_head();
+          backward_begin_chunk<Elem>(args, buf, hd / p.Hkv, hd % p.Hkv, chunk);
+        }
+        key_tile(args, buf, hd / p.Hkv, hd % p.Hkv, n % n_kt);
+      }
+      finish_head();
+    }
+#pragma omp barrier
+    // Heads cut between runs: the thread where the head starts (its slot 1) sums all parts in
+    // thread order; later threads hold the rest in their slot 0.
+    if (Partial& mine = partials[t][1]; mine.head >= 0) {
+      const int64_t hd = mine.head;
+      float* acc = mine.acc.get();
+      for (int u = t + 1; u < T; ++u) {
+        const Partial& other = partials[u][0];
+        if (other.head != hd) continue;
+        for (int64_t e = 0; e < acc_floats; ++e) acc[e] += other.acc.get()[e];
+      }
+      write_dq_rows(args, acc, dp, hd / p.Hkv, hd % p.Hkv, chunk);
+    }
+#pragma omp barrier  // before the next chunk's prefix and partials
+  }
+}
+
+}  // namespace
+
+// Work split of the backward. dk and dv are split by key tile, so each has one writer. dq of a
+// query row gets a contribution from every key tile; a separate dq pass would redo two of the five
+// block products (S and dP), 40% more work, and atomics would serialise. Instead each thread
+// accumulates dq for the head in hand in a private [rows, d] buffer. A "head" here is a key/value
+// head with the query heads of its group (GQA; one query head without): the group's sums into dk
+// and dv stay inside one work item, in head order.
+//  - with enough heads (B·Hkv a multiple of the thread count, or at least 4 per thread), whole heads
+//    are handed out dynamically (robust when a thread is slowed down); dq has one writer per head.
+//    A long head is walked in chunks of query rows (backward_chunk_rows), each against every key
+//    tile, so the buffers stay within a few MiB per thread whatever N;
+//  - otherwise, chunk by chunk of query rows (the same chunks), the work items (b, hk, key tile),
+//    in order, are cut into one contiguous run per thread with equal estimated cost; a head within
+//    one run is written directly, and the few heads cut between runs (at most one per boundary)
+//    are summed from the threads' partial buffers in thread order after a barrier.
+// Either way dq is deterministic for a given thread count and costs no extra arithmetic, and dk,
+// dv (one writer per key tile, chunks in order) are the same bits for any thread count. Memory:
+// O(threads · group · chunk rows · d).
+template <typename Elem>
+void backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
+              const AttentionGrads& grads, const FlashConfig& config) {
+  CABM_CHECK(saved.lse.defined(), "attention_flash_backward needs the forward's log-sum-exp (saved.lse)");
+  const Problem p = make_problem(saved.q, saved.k, saved.v, options, config, true);
+  const TileMask mask(options.mask, p.B, p.H, p.N, p.M);
+  const BackwardArgs args{saved, dout, grads, options, mask, p, backward_chunk_rows(p, config)};
+  const KeyTileFn key_tile = p.variants.any() ? &backward_key_tile<Elem, true> : &backward_key_tile<Elem, false>;
+
+  // Heads here are key/value heads: each work item covers the query heads of its group.
+  const int64_t n_kt = ceil_div(p.M, p.block_k), heads = p.B * p.Hkv;
+  std::vector<int64_t> prefix(static_cast<size_t>(heads * n_kt + 1), 0);  // of the split
+  std::vector<std::array<Partial, 2>> partials(static_cast<size_t>(omp_get_max_threads()));
+
+#pragma omp parallel
+  {
+    const int t = omp_get_thread_num(), T = omp_get_num_threads();
+    if (heads % T == 0 || heads >= 4 * T) {
+      // Enough heads to balance: whole heads, handed out dynamically. Each head has one owner, so
+      // dq needs no partial sums and does not depend on the thread count at all.
+      const int64_t chunk_rows = args.chunk_rows;
+      BackwardBuffers buf(p, chunk_rows);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t hd = 0; hd < heads; ++hd) {
+        const int64_t b = hd / p.Hkv, hk = hd % p.Hkv;
+        for (int64_t i0 = 0; i0 < p.N; i0 += chunk_rows) {
+          const Range chunk{i0, std::min(p.N, i0 + chunk_rows)};
+          backward_begin_chunk<Elem>(args, buf, b, hk, chunk);
+          for (int64_t kt = 0; kt < n_kt; ++kt) key_tile(args, buf, b, hk, kt);
+          write_dq_rows(args, buf.dq, buf.dp, b, hk, chunk);
+        }
+      }
+    } else {
+      backward_split_key_tiles<Elem>(args, key_tile, prefix, partials, t, T);
+    }
+  }
+}
+
+template void backward<float>(const AttentionSaved&, const Tensor&, const AttentionOptions&, const AttentionGrads&,
+                              const FlashConfig&);
+template void backward<bf16>(const AttentionSaved&, const Tensor&, const AttentionOptions&, const AttentionGrads&,
+                             const FlashConfig&);
+
+}  // namespace cabm::flash::CABM_FLASH_SET

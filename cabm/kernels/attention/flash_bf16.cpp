@@ -1,0 +1,576 @@
+#include "cabm/kernels/attention/flash_bf16.h"
+#include "cabm/kernels/attention/bf16_avx512.h"
+#include "cabm/kernels/attention/bf16_packing.h"
+#include "cabm/kernels/attention/bf16_variants.h"
+#include "cabm/kernels/attention/flash_amx.h"
+#include "cabm/kernels/attention/flash_detail.h"
+#include "cabm/kernels/attention/tile_mask.h"
+
+#include "cabm/kernels/bf16.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace cabm {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int64_t kKeyBlock = 16;  // keys per packed K block: one zmm of fp32 score lanes
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+// ---------------------------------------------------------------------------------------------
+// Packed layouts (all bf16, zero padded), per key/value head (attention/bf16_packing.h; the
+// avx512_bf16 products are in attention/bf16_avx512.h):
+//   K  [Mp/16][dp/2][16][2]: block of 16 keys, then pairs of head-dim elements, key, element.
+//   V  [Mp/2][dvp][2]: pair of keys, column, key.
+//   Q  tile [bq][dp], P tile [bq][ldp]: rows of pairs, read as 32-bit words and broadcast.
+// Mp = M rounded up to 16, dp = d rounded up to 2, dvp = dv rounded up to 16.
+
+struct Problem {
+  int64_t B, N, H, Hkv, M, d, dv;  // query head h reads key/value head h / (H / Hkv)
+  int64_t dp, dvp, Mp;
+  int64_t block_q, block_k;  // block_k a multiple of 16
+  float qscale;              // scale · log2(e): scores in base 2
+  float keep_scale;
+  bool dropout;
+  bool avx512;
+  bool variants;  // soft-capping or ALiBi: a pass over each score tile (attention/bf16_variants.h)
+};
+
+using detail::bf16_head_ptr;
+inline int64_t k_index(int64_t j, int64_t c, int64_t dp) { return detail::packed_k_index(j, c, dp); }
+inline int64_t v_index(int64_t j, int64_t c, int64_t dvp) { return detail::packed_v_index(j, c, dvp); }
+
+// ---------------------------------------------------------------------------------------------
+// Portable products: the same packed operands, fp32 scalar math.
+
+// s[r][c] = Σ_e q[r][e]·k[j0 + c][e] for r < ni, c < nk16 (j0 a multiple of 16).
+void scores_portable(const bf16* qp, int64_t ni, const bf16* kp, int64_t j0, int64_t nk16, const Problem& p,
+                     float* s, int64_t lds) {
+  std::vector<float> kt(static_cast<size_t>(p.dp * nk16));  // [dp][nk16] fp32
+  for (int64_t c = 0; c < nk16; ++c)
+    for (int64_t e = 0; e < p.dp; ++e) kt[e * nk16 + c] = bf16_to_float(kp[k_index(j0 + c, e, p.dp)]);
+  for (int64_t r = 0; r < ni; ++r) {
+    float* srow = s + r * lds;
+    std::fill_n(srow, nk16, 0.0f);
+    for (int64_t e = 0; e < p.dp; ++e) {
+      const float a = bf16_to_float(qp[r * p.dp + e]);
+      const float* krow = kt.data() + e * nk16;
+      for (int64_t c = 0; c < nk16; ++c) srow[c] += a * krow[c];
+    }
+  }
+}
+
+// o[r][c] += Σ_j pt[r][j]·v[j0 + j][c] for r < ni, c < dvp, j < nk2 (j0 even, nk2 even).
+void pv_portable(const bf16* pt, int64_t ldp, int64_t ni, const bf16* vp, int64_t j0, int64_t nk2, const Problem& p,
+                 float* o, int64_t ldo) {
+  for (int64_t r = 0; r < ni; ++r) {
+    float* orow = o + r * ldo;
+    for (int64_t j = 0; j < nk2; ++j) {
+      const float a = bf16_to_float(pt[r * ldp + j]);
+      if (a == 0.0f) continue;
+      const bf16* vrow = vp + v_index(j0 + j, 0, p.dvp);
+      for (int64_t c = 0; c < p.dvp; ++c) orow[c] += a * bf16_to_float(vrow[2 * c]);
+    }
+  }
+}
+
+// Row pass of the online softmax over one tile (see forward_query_tile).
+void softmax_rows_portable(float* s, int64_t lds, int64_t ni, int64_t nk16, const float* mask, float qscale,
+                           float* m, float* l, float* alpha) {
+  for (int64_t r = 0; r < ni; ++r) {
+    float* x = s + r * lds;
+    float tmax = -INFINITY;
+    for (int64_t c = 0; c < nk16; ++c) {
+      x[c] = x[c] * qscale + (mask ? mask[r * lds + c] : 0.0f);
+      tmax = std::max(tmax, x[c]);
+    }
+    const float m_new = std::max(m[r], tmax);
+    float sum = 0.0f;
+    for (int64_t c = 0; c < nk16; ++c) {
+      x[c] = std::exp2(x[c] - m_new);
+      sum += x[c];
+    }
+    alpha[r] = std::exp2(m[r] - m_new);
+    l[r] = l[r] * alpha[r] + sum;
+    m[r] = m_new;
+  }
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// Forward. One work item is (b, h, query tile); rows are queries, lanes are keys (scores) or
+// output columns (accumulator).
+
+struct Buffers {
+  int64_t lds, ldp, ldo;
+  std::vector<bf16> q, p;          // [bq][dp], [bq][ldp]
+  std::vector<float> s, mask, z;   // [bq][lds]
+  std::vector<float> o;            // [bq][ldo]
+  std::vector<float> m, l, alpha;  // [bq]
+  std::vector<int64_t> kpos;       // [lds]: the tile's key positions (ALiBi)
+  explicit Buffers(const Problem& pr)
+      : lds(round_up(pr.block_k, kKeyBlock)),
+        ldp(lds),
+        ldo(pr.dvp),
+        q(static_cast<size_t>(pr.block_q * pr.dp)),
+        p(static_cast<size_t>(pr.block_q * ldp)),
+        s(static_cast<size_t>(pr.block_q * lds)),
+        mask(static_cast<size_t>(pr.block_q * lds)),
+        z(pr.dropout ? static_cast<size_t>(pr.block_q * lds) : 0),
+        o(static_cast<size_t>(pr.block_q * ldo)),
+        m(static_cast<size_t>(pr.block_q)),
+        l(static_cast<size_t>(pr.block_q)),
+        alpha(static_cast<size_t>(pr.block_q)),
+        kpos(pr.variants ? static_cast<size_t>(lds) : 0) {}
+};
+
+struct Args {
+  const Tensor &q, &out;
+  const bf16 *kp, *vp;  // packed key/value heads, [B·Hkv][Mp·dp] and [B·Hkv][Mp·dvp]
+  float* lse;
+  const AttentionOptions& options;
+  const TileMask& mask;
+  const detail::ScoreVariants& variants;
+  const Problem& p;
+};
+
+void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int64_t h, int64_t qt) {
+  const Problem& p = args.p;
+  const int64_t i0 = qt * p.block_q, ni = std::min(p.block_q, p.N - i0);
+  const Range rows{i0, i0 + ni};
+  const int64_t kv_head = b * p.Hkv + h / (p.H / p.Hkv);
+  const bf16* kp = args.kp + kv_head * p.Mp * p.dp;
+  const bf16* vp = args.vp + kv_head * p.Mp * p.dvp;
+  const float qscale = p.variants ? 1.0f : p.qscale;  // the variant pass scales to base 2 itself
+
+  const bf16* qs = bf16_head_ptr(args.q, b, h);
+  for (int64_t r = 0; r < ni; ++r) {
+    std::copy_n(qs + (i0 + r) * args.q.stride(1), p.d, buf.q.data() + r * p.dp);
+    if (p.dp > p.d) buf.q[r * p.dp + p.d] = bf16{0};
+  }
+  // −FLT_MAX, not −inf: exp2(s − m) stays free of inf − inf while a row has seen only masked keys.
+  std::fill_n(buf.m.data(), ni, -FLT_MAX);
+  std::fill_n(buf.l.data(), ni, 0.0f);
+  std::fill_n(buf.o.data(), ni * buf.ldo, 0.0f);
+  const DropoutMatrix dropout(args.options, b, h, p.H, p.M);
+  float *s = buf.s.data(), *o = buf.o.data();
+
+  const Range key_range = args.mask.key_range(b, rows);
+  for (int64_t j0 = key_range.begin / p.block_k * p.block_k; j0 < key_range.end; j0 += p.block_k) {
+    const int64_t nk = std::min(p.block_k, p.M - j0), nk16 = round_up(nk, kKeyBlock);
+    const Range keys{j0, j0 + nk};
+    const TileKind kind = args.mask.classify(b, h, rows, keys);
+    if (kind == TileKind::kSkip) continue;
+    const float* mask = nullptr;
+    if (kind == TileKind::kPartial || nk < nk16) {
+      // Blocked and padding columns get −inf; the additive bias is scaled to base 2 like the scores.
+      float* mt = buf.mask.data();
+      if (kind == TileKind::kPartial) {
+        args.mask.fill(b, h, rows, keys, kLog2e, mt, buf.lds, 1);
+      } else {
+        for (int64_t r = 0; r < ni; ++r) std::fill_n(mt + r * buf.lds, nk, 0.0f);
+      }
+      for (int64_t r = 0; r < ni; ++r) std::fill(mt + r * buf.lds + nk, mt + r * buf.lds + nk16, -INFINITY);
+      mask = mt;
+    }
+
+    // S = Q Kᵀ (fp32 accumulation), the variants (soft-cap, ALiBi), then per row: base-2 scaling
+    // and mask, running maximum, P = exp2(S − m) in fp32, l = alpha·l + Σ P in fp32.
+    float *m = buf.m.data(), *l = buf.l.data(), *alpha = buf.alpha.data();
+    if (p.variants) args.variants.key_positions(j0, nk16, buf.kpos.data());
+#if defined(CABM_HAVE_AVX512_BF16_CODE)
+    if (p.avx512) {
+      detail::scores_avx512(buf.q.data(), ni, kp, j0, nk16, p.dp, s, buf.lds);
+      if (p.variants) detail::variant_scores_avx512(args.variants, h, i0, ni, buf.kpos.data(), nk16, s, buf.lds);
+      detail::softmax_rows_avx512(s, buf.lds, ni, nk16, mask, qscale, m, l, alpha);
+    } else
+#endif
+    {
+      scores_portable(buf.q.data(), ni, kp, j0, nk16, p, s, buf.lds);
+      if (p.variants) detail::variant_scores_portable(args.variants, h, i0, ni, buf.kpos.data(), nk16, s, buf.lds);
+      softmax_rows_portable(s, buf.lds, ni, nk16, mask, qscale, m, l, alpha);
+    }
+    // Dropout scales the weights that meet V, not l (the reference drops after normalising).
+    if (p.dropout) {
+      float* z = buf.z.data();
+      for (int64_t r = 0; r < ni; ++r) {
+        dropout.fill_row(i0 + r, j0, j0 + nk, p.keep_scale, z + r * buf.lds, 1);
+        for (int64_t c = 0; c < nk; ++c) s[r * buf.lds + c] *= z[r * buf.lds + c];
+      }
+    }
+    // P rounded to bf16 (the only rounding of the pass besides the inputs'); O = alpha ∘ O.
+    const int64_t nk2 = round_up(nk, 2);
+    for (int64_t r = 0; r < ni; ++r) {
+      float_to_bf16(s + r * buf.lds, buf.p.data() + r * buf.ldp, nk2);
+      if (alpha[r] != 1.0f)
+        for (int64_t c = 0; c < buf.ldo; ++c) o[r * buf.ldo + c] *= alpha[r];
+    }
+#if defined(CABM_HAVE_AVX512_BF16_CODE)
+    if (p.avx512) detail::pv_avx512(buf.p.data(), buf.ldp, ni, vp, j0, nk2, p.dvp, o, buf.ldo);
+    else
+#endif
+      pv_portable(buf.p.data(), buf.ldp, ni, vp, j0, nk2, p, o, buf.ldo);
+  }
+
+  // One division per row; fully masked rows (l = 0) give 0 and lse = −inf.
+  detail::write_tile_output(args.out, b, h, i0, ni, p.dv, {o, buf.ldo, buf.l.data(), buf.m.data()},
+                    args.lse ? args.lse + (b * p.H + h) * p.N + i0 : nullptr);
+}
+
+void check_shapes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out) {
+  for (const Tensor* t : {&q, &k, &v})
+    if (!t->defined() || t->dim() != 4 || t->dtype() != DType::BF16 || t->stride(3) != 1)
+      throw Error("attention_flash_bf16: q, k, v must be BF16 rank-4 tensors ([B, L, H, d]) with unit last stride");
+  if (!out.defined() || out.dim() != 4 || out.dtype() != DType::F32 || out.stride(3) != 1)
+    throw Error("attention_flash_bf16: out must be an F32 rank-4 tensor with unit last stride");
+  const int64_t B = q.size(0), N = q.size(1), H = q.size(2), d = q.size(3);
+  const int64_t M = k.size(1), Hkv = k.size(2), dv = v.size(3);
+  if (k.size(0) != B || Hkv < 1 || H % Hkv != 0 || k.size(3) != d)
+    throw Error(fmt::format("attention_flash_bf16: k has shape {}, expected [{}, M, Hkv, {}] with Hkv dividing {}",
+                            shape_str(k.shape()), B, d, H));
+  if (v.size(0) != B || v.size(1) != M || v.size(2) != Hkv)
+    throw Error(fmt::format("attention_flash_bf16: v has shape {}, expected [{}, {}, {}, dv]", shape_str(v.shape()), B,
+                            M, Hkv));
+  if (out.shape() != Shape{B, N, H, dv})
+    throw Error(fmt::format("attention_flash_bf16: out has shape {}, expected {}", shape_str(out.shape()),
+                            shape_str({B, N, H, dv})));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward, portable path: FlashAttention-2's backward (Dao 2023, Algorithm 2) in scalar fp32 on
+// the head widened to fp32 (exact), one element (query i, key j) at a time. With s the scores in
+// base 2 (soft-capped and with ALiBi as in the forward), z the dropout factor (keep/(1 − p) or 0,
+// 1 without dropout), g_ij = 1 − tanh²(t_ij/c) the soft-cap's derivative (1 without it) and
+// bf16(·) the rounding to the nearest bf16 value (the derivation is in attention/reference.cpp):
+//
+//   P_ij  = exp2(s_ij − lse2_i)               fp32, from the forward's lse (no second softmax pass)
+//   dV_j += bf16(P_ij z_ij) · bf16(dO_i)
+//   dP_ij = z_ij · bf16(dO_i) · v_j
+//   dT_ij = P_ij (dP_ij − D_i) g_ij,   D_i = dO_i · O_i in fp32
+//   dQ_i += scale · bf16(dT_ij) k_j,    dK_j += scale · bf16(dT_ij) q_i
+//
+// One work item is a key/value head (b, hk) with its query heads h in order (GQA: dK and dV sum
+// over them); per query head, key tiles in order, query tiles in order within each, tiles skipped
+// where the mask blocks them entirely. Every gradient element has one writer and a fixed order of
+// sums: the result is bitwise the same for any thread count.
+
+float round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
+
+// Row i of head (b, h) of an F32 [B, L, H, n] view.
+float* f32_row(const Tensor& t, int64_t b, int64_t i, int64_t h) {
+  return t.data<float>() + b * t.stride(0) + i * t.stride(1) + h * t.stride(2);
+}
+
+struct BackwardProblem {
+  int64_t B, N, H, Hkv, M, d, dv;
+  int64_t block_q, block_k;
+  float scale, keep_scale;
+  bool dropout;
+};
+
+struct BackwardArgs {
+  const AttentionSaved& saved;
+  const Tensor& dout;
+  const AttentionGrads& grads;
+  const AttentionOptions& options;
+  const TileMask& mask;
+  const detail::ScoreVariants& variants;
+  const BackwardProblem& p;
+};
+
+// Per-thread buffers: the heads widened to fp32 ([N][d], [M][d], [M][dv], dO as bf16 values
+// [N][dv]), lse2 and D per query row, the dq accumulator [N][d], the key/value head's dk and dv
+// accumulators [M][d], [M][dv], one mask tile, dropout factors and key positions of a tile.
+struct BackwardBuffers {
+  std::vector<float> q, k, v, g, lse2, delta, dq, dk, dv, mask, z;
+  std::vector<int64_t> kpos;
+  explicit BackwardBuffers(const BackwardProblem& p)
+      : q(static_cast<size_t>(p.N * p.d)),
+        k(static_cast<size_t>(p.M * p.d)),
+        v(static_cast<size_t>(p.M * p.dv)),
+        g(static_cast<size_t>(p.N * p.dv)),
+        lse2(static_cast<size_t>(p.N)),
+        delta(static_cast<size_t>(p.N)),
+        dq(static_cast<size_t>(p.N * p.d)),
+        dk(static_cast<size_t>(p.M * p.d)),
+        dv(static_cast<size_t>(p.M * p.dv)),
+        mask(static_cast<size_t>(p.block_q * p.block_k)),
+        z(static_cast<size_t>(p.block_k)),
+        kpos(static_cast<size_t>(p.block_k)) {}
+};
+
+// Query head h's share of the gradients: dq of its rows (written), dk and dv added to buf.dk, buf.dv.
+void backward_query_head_portable(const BackwardArgs& args, BackwardBuffers& buf, int64_t b, int64_t h) {
+  const BackwardProblem& p = args.p;
+  const detail::ScoreVariants& variants = args.variants;
+  const int64_t N = p.N, M = p.M, d = p.d, dv = p.dv;
+  const Tensor &q = args.saved.q, &o = args.saved.out;
+  bf16_to_float_2d(bf16_head_ptr(q, b, h), q.stride(1), buf.q.data(), d, N, d);
+  const float* lse = args.saved.lse.data<float>() + (b * p.H + h) * N;
+  for (int64_t i = 0; i < N; ++i) {
+    const float *gi = f32_row(args.dout, b, i, h), *oi = f32_row(o, b, i, h);
+    float dot = 0.0f;
+    for (int64_t c = 0; c < dv; ++c) {
+      buf.g[i * dv + c] = round_bf16(gi[c]);
+      dot += gi[c] * oi[c];
+    }
+    buf.delta[i] = dot;
+    buf.lse2[i] = lse[i] == -INFINITY ? INFINITY : lse[i] * kLog2e;  // +inf: P = 0 on fully masked rows
+  }
+  std::fill(buf.dq.begin(), buf.dq.end(), 0.0f);
+  const float qscale = p.scale * kLog2e, cap = variants.cap(), slope = variants.slope(h);
+  const DropoutMatrix dropout(args.options, b, h, p.H, M);
+
+  for (int64_t j0 = 0; j0 < M; j0 += p.block_k) {
+    const int64_t nk = std::min(p.block_k, M - j0);
+    const Range keys{j0, j0 + nk};
+    if (slope != 0.0f) variants.key_positions(j0, nk, buf.kpos.data());
+    const Range query_range = args.mask.query_range(b, keys);
+    for (int64_t i0 = query_range.begin / p.block_q * p.block_q; i0 < query_range.end; i0 += p.block_q) {
+      const int64_t ni = std::min(p.block_q, N - i0);
+      const Range rows{i0, i0 + ni};
+      const TileKind kind = args.mask.classify(b, h, rows, keys);
+      if (kind == TileKind::kSkip) continue;
+      if (kind == TileKind::kPartial) args.mask.fill(b, h, rows, keys, kLog2e, buf.mask.data(), nk, 1);
+      for (int64_t r = 0; r < ni; ++r) {
+        const int64_t i = i0 + r;
+        const float* qi = buf.q.data() + i * d;
+        const float* gi = buf.g.data() + i * dv;
+        float* dqi = buf.dq.data() + i * d;
+        const int64_t qpos = variants.query_position(i);
+        if (p.dropout) dropout.fill_row(i, j0, j0 + nk, p.keep_scale, buf.z.data(), 1);
+        for (int64_t c = 0; c < nk; ++c) {
+          const int64_t j = j0 + c;
+          const float* kj = buf.k.data() + j * d;
+          const float* vj = buf.v.data() + j * dv;
+          float score = 0.0f;
+          for (int64_t e = 0; e < d; ++e) score += qi[e] * kj[e];
+          float cap_grad = 1.0f;  // dt/du of the soft-cap
+          if (variants.active()) {  // as variant_scores_portable, then base 2
+            float t = score * p.scale;
+            if (cap > 0.0f) {
+              const float th = std::tanh(t / cap);
+              t = cap * th;
+              cap_grad = 1.0f - th * th;
+            }
+            if (slope != 0.0f) t -= slope * static_cast<float>(std::llabs(qpos - buf.kpos[c]));
+            score = t * kLog2e;
+          } else {
+            score *= qscale;
+          }
+          const float bias = kind == TileKind::kPartial ? buf.mask[r * nk + c] : 0.0f;
+          // Recomputed scores may exceed lse by rounding: clamp, P <= 1.
+          const float prob = std::exp2(std::min(score + bias - buf.lse2[i], 0.0f));
+          if (prob == 0.0f) continue;  // masked (or underflowed): no gradient at all
+          const float z = p.dropout ? buf.z[c] : 1.0f;
+          float dprob = 0.0f;
+          for (int64_t e = 0; e < dv; ++e) dprob += gi[e] * vj[e];
+          dprob *= z;
+          const float pz = round_bf16(prob * z);
+          const float dt = round_bf16(prob * (dprob - buf.delta[i]) * cap_grad);
+          float* dkj = buf.dk.data() + j * d;
+          float* dvj = buf.dv.data() + j * dv;
+          for (int64_t e = 0; e < dv; ++e) dvj[e] += pz * gi[e];
+          for (int64_t e = 0; e < d; ++e) {
+            dqi[e] += dt * kj[e];
+            dkj[e] += dt * qi[e];
+          }
+        }
+      }
+    }
+  }
+  for (int64_t i = 0; i < N; ++i) {
+    float* dqrow = f32_row(args.grads.dq, b, i, h);
+    for (int64_t e = 0; e < d; ++e) dqrow[e] = buf.dq[i * d + e] * p.scale;
+  }
+}
+
+void backward_kv_head_portable(const BackwardArgs& args, BackwardBuffers& buf, int64_t b, int64_t hk) {
+  const BackwardProblem& p = args.p;
+  const Tensor &k = args.saved.k, &v = args.saved.v;
+  bf16_to_float_2d(bf16_head_ptr(k, b, hk), k.stride(1), buf.k.data(), p.d, p.M, p.d);
+  bf16_to_float_2d(bf16_head_ptr(v, b, hk), v.stride(1), buf.v.data(), p.dv, p.M, p.dv);
+  std::fill(buf.dk.begin(), buf.dk.end(), 0.0f);
+  std::fill(buf.dv.begin(), buf.dv.end(), 0.0f);
+  const int64_t group = p.H / p.Hkv;
+  for (int64_t h = hk * group; h < (hk + 1) * group; ++h) backward_query_head_portable(args, buf, b, h);
+  for (int64_t j = 0; j < p.M; ++j) {
+    float* dkrow = f32_row(args.grads.dk, b, j, hk);
+    for (int64_t e = 0; e < p.d; ++e) dkrow[e] = buf.dk[j * p.d + e] * p.scale;
+    std::copy_n(buf.dv.begin() + j * p.dv, p.dv, f32_row(args.grads.dv, b, j, hk));
+  }
+}
+
+void attention_flash_bf16_backward_portable(const AttentionSaved& saved, const Tensor& dout,
+                                            const AttentionOptions& options, const AttentionGrads& grads,
+                                            const FlashConfig& config) {
+  const FlashConfig tiles = flash_resolved_config(config, options, saved.q.size(3), saved.q.size(1), true);
+  BackwardProblem p{};
+  p.B = saved.q.size(0), p.N = saved.q.size(1), p.H = saved.q.size(2), p.Hkv = saved.k.size(2);
+  p.M = saved.k.size(1), p.d = saved.q.size(3), p.dv = saved.v.size(3);
+  p.block_q = tiles.block_q, p.block_k = tiles.block_k;
+  p.scale = attention_scale(options, p.d);
+  p.keep_scale = 1.0f / (1.0f - options.dropout);
+  p.dropout = options.dropout > 0.0f;
+  const TileMask mask(options.mask, p.B, p.H, p.N, p.M);
+  const detail::ScoreVariants variants(options, p.N, p.M, p.d);
+  const BackwardArgs args{saved, dout, grads, options, mask, variants, p};
+#pragma omp parallel
+  {
+    BackwardBuffers buf(p);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t hd = 0; hd < p.B * p.Hkv; ++hd) backward_kv_head_portable(args, buf, hd / p.Hkv, hd % p.Hkv);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Path selection (see attention/flash_bf16.h).
+
+enum class Path { kPortable, kSimdFp32, kAvx512Bf16, kAmxBf16 };
+
+bool have_simd_fp32() { return std::strcmp(flash_isa(), "portable") != 0; }
+
+Path forward_path() {
+  if (bf16_active_isa() == Bf16Isa::kAvx512Bf16) return bf16_amx_active() ? Path::kAmxBf16 : Path::kAvx512Bf16;
+  if (!bf16_portable_forced() && have_simd_fp32()) return Path::kSimdFp32;
+  return Path::kPortable;
+}
+
+Path backward_path() {
+  const Path path = forward_path();
+  // No vdpbf16ps or AMX backward (yet): AVX-512 BF16 CPUs take the fp32 SIMD tiles, which they have.
+  return path == Path::kAvx512Bf16 || path == Path::kAmxBf16 ? (have_simd_fp32() ? Path::kSimdFp32 : Path::kPortable) : path;
+}
+
+const char* path_name(Path path) {
+  switch (path) {
+    case Path::kAmxBf16:
+      return "amx_bf16";
+    case Path::kAvx512Bf16:
+      return "avx512_bf16";
+    case Path::kSimdFp32:
+      return std::strcmp(flash_isa(), "avx512") == 0 ? "avx512_fp32" : "avx2_fp32";
+    case Path::kPortable:
+      break;
+  }
+  return "portable";
+}
+
+void check_backward_shapes(const AttentionSaved& saved, const Tensor& dout, const AttentionGrads& grads) {
+  check_shapes(saved.q, saved.k, saved.v, saved.out);
+  const auto check_like = [](const Tensor& t, const Shape& shape, const char* name) {
+    if (!t.defined() || t.dtype() != DType::F32 || t.shape() != shape || t.stride(3) != 1)
+      throw Error(fmt::format("attention_flash_bf16_backward: {} must be an F32 tensor of shape {} with unit last "
+                              "stride",
+                              name, shape_str(shape)));
+  };
+  check_like(dout, saved.out.shape(), "dout");
+  check_like(grads.dq, saved.q.shape(), "dq");
+  check_like(grads.dk, saved.k.shape(), "dk");
+  check_like(grads.dv, saved.v.shape(), "dv");
+  const Shape lse_shape{saved.q.size(0), saved.q.size(2), saved.q.size(1)};
+  if (!saved.lse.defined() || saved.lse.dtype() != DType::F32 || saved.lse.shape() != lse_shape ||
+      !saved.lse.is_contiguous())
+    throw Error(fmt::format("attention_flash_bf16_backward needs the forward's lse: a contiguous F32 {} tensor",
+                            shape_str(lse_shape)));
+}
+
+}  // namespace
+
+bool flash_bf16_supports_variants(int64_t H, int64_t Hkv, const AttentionOptions& options, bool backward) {
+  if (Hkv < 1 || H % Hkv != 0) return false;
+  // The backward's paths are the fp32 SIMD tiles (attention/flash.cpp) and the portable one here,
+  // which runs every variant; a process may take either (the override), so both must.
+  if (backward) return flash_supports_variants(H, Hkv, options);
+  // The forward's own paths (amx_bf16, avx512_bf16, portable) run every variant.
+  return forward_path() != Path::kSimdFp32 || flash_supports_variants(H, Hkv, options);
+}
+
+const char* attention_flash_bf16_path() { return path_name(forward_path()); }
+const char* attention_flash_bf16_backward_path() { return path_name(backward_path()); }
+
+void attention_flash_bf16_backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
+                                   const AttentionGrads& grads, const FlashConfig& config) {
+  check_backward_shapes(saved, dout, grads);
+  CABM_CHECK(options.dropout >= 0.0f && options.dropout < 1.0f, "dropout {} outside [0, 1)", options.dropout);
+  check_attention_variants(options, saved.q.size(2), saved.q.size(1), saved.k.size(1));
+  const bool simd = backward_path() == Path::kSimdFp32;
+  CABM_CHECK(!simd || flash_supports_variants(saved.q.size(2), saved.k.size(2), options),
+             "attention_flash_bf16_backward on path {}: these variants (GQA, soft-cap, ALiBi) take the reference "
+             "kernel (attention_backward)",
+             attention_flash_bf16_backward_path());
+  if (saved.q.size(0) * saved.q.size(2) == 0) return;
+  if (simd) {
+    detail::attention_flash_bf16_backward_simd(saved, dout, options, grads, config);
+  } else {
+    attention_flash_bf16_backward_portable(saved, dout, options, grads, config);
+  }
+}
+
+void attention_flash_bf16_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
+                                  const Tensor& out, const Tensor* lse, const FlashConfig& config) {
+  check_shapes(q, k, v, out);
+  CABM_CHECK(options.dropout >= 0.0f && options.dropout < 1.0f, "dropout {} outside [0, 1)", options.dropout);
+  check_attention_variants(options, q.size(2), q.size(1), k.size(1));
+  CABM_CHECK(flash_bf16_supports_variants(q.size(2), k.size(2), options, false),
+             "attention_flash_bf16_forward on path {}: these variants (GQA, soft-cap, ALiBi) take the reference "
+             "kernel (attention_forward)",
+             attention_flash_bf16_path());
+  // Tiles resolved once for every path: P is rounded relative to the running maximum of the tiles
+  // seen so far, so paths that tiled differently would round differently.
+  FlashConfig tiles = flash_resolved_config(config, options, q.size(3), q.size(1), false);
+  tiles.block_k = round_up(tiles.block_k, kKeyBlock);
+  const Path path = forward_path();
+  if (path == Path::kSimdFp32) {
+    detail::attention_flash_bf16_forward_simd(q, k, v, options, out, lse, tiles);
+    return;
+  }
+  Problem p{};
+  p.B = q.size(0), p.N = q.size(1), p.H = q.size(2), p.Hkv = k.size(2), p.M = k.size(1);
+  p.d = q.size(3), p.dv = v.size(3);
+  p.dp = round_up(p.d, 2), p.dvp = round_up(std::max<int64_t>(p.dv, 1), 16), p.Mp = round_up(p.M, kKeyBlock);
+  p.block_q = tiles.block_q, p.block_k = tiles.block_k;
+  p.qscale = attention_scale(options, p.d) * kLog2e;
+  p.keep_scale = 1.0f / (1.0f - options.dropout);
+  p.dropout = options.dropout > 0.0f;
+  p.avx512 = path == Path::kAvx512Bf16;
+  const detail::ScoreVariants variants(options, p.N, p.M, p.d);
+  p.variants = variants.active();
+  if (lse)
+    CABM_CHECK(lse->dtype() == DType::F32 && lse->shape() == (Shape{p.B, p.H, p.N}) && lse->is_contiguous(),
+               "lse must be a contiguous F32 [B, H, N] tensor, got {}", shape_str(lse->shape()));
+  if (p.B * p.H * p.N == 0) return;
+  if (path == Path::kAmxBf16) {  // every mask kind and dropout: no fallback needed
+    detail::attention_flash_bf16_forward_amx(q, k, v, options, out, lse, tiles);
+    return;
+  }
+  const TileMask mask(options.mask, p.B, p.H, p.N, p.M);
+
+  // Once per key/value head: the query heads of a group read the same packed K and V.
+  std::vector<bf16> kp(static_cast<size_t>(p.B * p.Hkv * p.Mp * p.dp));
+  std::vector<bf16> vp(static_cast<size_t>(p.B * p.Hkv * p.Mp * p.dvp));
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t h = 0; h < p.Hkv; ++h)
+      detail::pack_kv_head(k, v, b, h, p.Mp, p.dp, p.dvp, kp.data() + (b * p.Hkv + h) * p.Mp * p.dp,
+                           vp.data() + (b * p.Hkv + h) * p.Mp * p.dvp);
+  const Args args{q, out, kp.data(), vp.data(), lse ? lse->data<float>() : nullptr, options, mask, variants, p};
+
+  // Head by head, heaviest first within a head (see forward_work_items).
+  const std::vector<QueryTileItem> items = forward_work_items(mask, p.H, p.N, p.block_q, 0, p.B * p.H);
+
+#pragma omp parallel
+  {
+    Buffers buf(p);
+#pragma omp for schedule(dynamic, 1)
+    for (size_t n = 0; n < items.size(); ++n) forward_query_tile(args, buf, items[n].b, items[n].h, items[n].qt);
+  }
+}
+
+}  // namespace cabm

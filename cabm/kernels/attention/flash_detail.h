@@ -1,0 +1,23 @@
+// Internal to kernels/: the fp32 tile kernels of attention/flash.cpp run on bf16 inputs. This is
+// the path attention/flash_bf16.cpp takes on CPUs without AVX-512 BF16 (see attention/flash_bf16.h):
+// q, k, v are widened to fp32 (exact) as tiles are packed into per-thread scratch, every block
+// product runs on the SIMD micro-kernel of simd.h, and the other operands of the
+// products are rounded to bf16 values where the bf16 contract says so (P before P·V; dO, P∘z and
+// dS in the backward), so that the results equal the portable bf16 path's up to the order of fp32
+// sums.
+#pragma once
+
+#include "cabm/kernels/attention/flash.h"
+
+namespace cabm::detail {
+
+// As attention_flash_bf16_forward / _backward: q, k, v BF16 head views; the rest F32. Shapes are
+// checked by the caller; saved.lse must be defined.
+void attention_flash_bf16_forward_simd(const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const AttentionOptions& options, const Tensor& out, const Tensor* lse,
+                                       const FlashConfig& config);
+void attention_flash_bf16_backward_simd(const AttentionSaved& saved, const Tensor& dout,
+                                        const AttentionOptions& options, const AttentionGrads& grads,
+                                        const FlashConfig& config);
+
+}  // namespace cabm::detail
