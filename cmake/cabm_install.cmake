@@ -4,9 +4,13 @@ include(CMakePackageConfigHelpers)
 
 set(CABM_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/cabm)
 # Headers that only the kernels' own sources include: their content depends on the ISA flags
-# the library was compiled with, so they are not part of the interface.
-set(CABM_INTERNAL_HEADERS simd.h flash_detail.h tile_mask.h x86_intrinsics.h
-                          bf16_packing.h hf_tokenizer_impl.h hf_tokenizer_files.h)
+# the library was compiled with (or on a `#pragma GCC target` region opened around them), so they
+# are not part of the interface: the SIMD vector type, the per-instruction-set bodies and items,
+# the region headers, and what only those include. (Globs: one name pattern each.)
+set(CABM_INTERNAL_HEADERS simd.h x86_intrinsics.h simd_set_*.h *_body.h *_item.h tile_product.h
+                          score_epilogue.h score_variants.h bf16_avx512.h bf16_variants.h
+                          bf16_packing.h flash_detail.h tile_mask.h hf_tokenizer_impl.h
+                          hf_tokenizer_files.h)
 
 install(TARGETS cabm_lib EXPORT cabmTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}

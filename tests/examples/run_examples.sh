@@ -12,6 +12,17 @@ fail() { echo "FAIL: $*"; exit 1; }
 cmake --install "$build" --prefix "$work/prefix" >"$work/install.log"
 if grep -rIl -e "$src" -e "$build" "$work/prefix"; then fail "installed files name the source or build tree"; fi
 
+# Every installed header compiles on its own against the prefix (no include of a header that
+# was left out of the install, no include that only worked through the source tree).
+headers=$(cd "$work/prefix/include" && find cabm -name '*.h' | sort)
+[ -n "$headers" ] || fail "no headers installed"
+for h in $headers; do
+  printf '#include <%s>\n' "$h" >"$work/header_check.cpp"
+  g++ -std=c++20 -fopenmp -fsyntax-only -I"$work/prefix/include" "$work/header_check.cpp" >"$work/header_check.log" 2>&1 ||
+    { cat "$work/header_check.log"; fail "installed header $h does not compile on its own"; }
+done
+echo "installed headers: $(echo "$headers" | wc -l) compile on their own"
+
 build_example() {  # NAME: copy, configure against the prefix, build
   cp -r "$src/examples/$1" "$work/$1"
   cmake -S "$work/$1" -B "$work/$1/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
