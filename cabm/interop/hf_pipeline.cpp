@@ -1,11 +1,17 @@
 #include "cabm/interop/hf_pipeline.h"
 
 #include "cabm/core/error.h"
+#include "cabm/core/threads.h"
 
 #include <fmt/format.h>
 
+#include <omp.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <exception>
+#include <mutex>
 #include <numeric>
 
 namespace cabm {
@@ -35,6 +41,13 @@ std::vector<HfSequence> hf_tokenize(const HfTokenizer& tokenizer, const HfEncode
   return out;
 }
 
+int hf_batch_streams(int threads, int64_t batches, int requested) {
+  CABM_CHECK(requested >= 0, "batch streams must not be negative, got {}", requested);
+  if (requested > 0) return std::clamp(requested, 1, std::max(threads, 1));
+  constexpr int64_t kBatchesPerStream = 4;  // enough for the dynamic hand-out to even out the loads
+  return threads > 1 && batches >= kBatchesPerStream * threads ? threads : 1;
+}
+
 void hf_run_batches(const HfEncoder& model, const std::vector<HfSequence>& sequences, const HfBatchOptions& options,
                     const std::function<void(const std::vector<size_t>& indices, const HfOutputs& outputs)>& consume) {
   if (options.batch_size < 1) throw UsageError(fmt::format("batch size {} must be positive", options.batch_size));
@@ -51,11 +64,14 @@ void hf_run_batches(const HfEncoder& model, const std::vector<HfSequence>& seque
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return sequences[a].input_ids.size() > sequences[b].input_ids.size(); });
   const bool types = model.config.family != HfFamily::kDistilBert;
-  HfEncoderCache cache;
   const size_t batch = static_cast<size_t>(options.batch_size);
-  for (size_t begin = 0; begin < n; begin += batch) {
-    const std::vector<size_t> indices(order.begin() + static_cast<std::ptrdiff_t>(begin),
-                                      order.begin() + static_cast<std::ptrdiff_t>(std::min(n, begin + batch)));
+  const int64_t batches = static_cast<int64_t>((n + batch - 1) / batch);
+
+  // Batch k: the sorted sequences [k·batch, (k+1)·batch), padded to the first (the longest).
+  const auto batch_inputs = [&](int64_t k, std::vector<size_t>& indices) {
+    const size_t begin = static_cast<size_t>(k) * batch;
+    indices.assign(order.begin() + static_cast<std::ptrdiff_t>(begin),
+                   order.begin() + static_cast<std::ptrdiff_t>(std::min(n, begin + batch)));
     const int64_t B = static_cast<int64_t>(indices.size());
     const int64_t T = static_cast<int64_t>(sequences[indices[0]].input_ids.size());  // the longest: sorted
     HfInputs in;
@@ -75,9 +91,54 @@ void hf_run_batches(const HfEncoder& model, const std::vector<HfSequence>& seque
         if (tt) tt[b * T + t] = token && !s.token_type_ids.empty() ? s.token_type_ids[static_cast<size_t>(t)] : 0;
       }
     }
-    consume(indices, hf_outputs(model, hf_encoder_hidden(model, in, cache)));  // no copy of the hidden state
-    if (options.progress) options.progress(static_cast<int64_t>(std::min(n, begin + batch)), static_cast<int64_t>(n));
+    return in;
+  };
+
+  const int streams = hf_batch_streams(num_threads(), batches, options.streams);
+  if (streams == 1) {
+    HfEncoderCache cache;
+    std::vector<size_t> indices;
+    for (int64_t k = 0; k < batches; ++k) {
+      const HfInputs in = batch_inputs(k, indices);
+      consume(indices, hf_outputs(model, hf_encoder_hidden(model, in, cache)));  // no copy of the hidden state
+      if (options.progress)
+        options.progress(static_cast<int64_t>(std::min(n, static_cast<size_t>(k + 1) * batch)),
+                         static_cast<int64_t>(n));
+    }
+    return;
   }
+
+  // Several streams: each thread its own workspace and single-threaded kernels (its nested
+  // parallel regions get one thread; gemm() and oneDNN run serially inside a parallel region), the
+  // batches handed out one at a time in order, longest first, so the short ones at the end even
+  // out the streams' loads.
+  std::mutex mutex;  // consume, progress, `done` and `error`
+  std::exception_ptr error;
+  std::atomic<bool> failed{false};
+  int64_t done = 0;
+#pragma omp parallel num_threads(streams)
+  {
+    omp_set_num_threads(1);
+    HfEncoderCache cache;
+    std::vector<size_t> indices;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t k = 0; k < batches; ++k) {
+      if (failed.load()) continue;
+      try {
+        const HfInputs in = batch_inputs(k, indices);
+        const HfOutputs out = hf_outputs(model, hf_encoder_hidden(model, in, cache));
+        const std::lock_guard<std::mutex> lock(mutex);
+        consume(indices, out);
+        done += static_cast<int64_t>(indices.size());
+        if (options.progress) options.progress(done, static_cast<int64_t>(n));
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(mutex);
+        if (!error) error = std::current_exception();
+        failed = true;
+      }
+    }
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 Tensor hf_embed(const HfEncoder& model, const std::vector<HfSequence>& sequences, HfPooling pooling, bool normalize,

@@ -37,12 +37,28 @@ struct HfBatchOptions {
   int64_t batch_size = 32;
   // Called after each batch with the number of sequences done and the total (progress bars).
   std::function<void(int64_t done, int64_t total)> progress;
+  // Batches run at once (hf_batch_streams), each on one thread with single-threaded kernels;
+  // 0 chooses from the thread count and the number of batches.
+  int streams = 0;
 };
 
-// Runs batch after batch; consume(indices, outputs) gets the input positions of the batch's
-// sequences (row b of the outputs is sequences[indices[b]]) and the model's outputs, padded to the
-// batch's longest sequence. outputs.last_hidden_state is the encoder's own buffer, overwritten by
-// the next batch: copy what must outlive the call.
+// The number of batch streams for `batches` batches on `threads` threads, `requested` as in
+// HfBatchOptions::streams (clamped to [1, threads]). Automatic: as many streams as threads when
+// there are at least 4 batches per thread, else one stream with every kernel on all threads.
+// Streams trade the products' intra-op parallelism for none at all between the threads: no
+// fork-join per kernel, no thread waiting for the other at the end of a product (which on a
+// shared machine means waiting for a thread the OS has descheduled), and the small products of
+// short batches no longer split across threads. The cost: one workspace per stream.
+int hf_batch_streams(int threads, int64_t batches, int requested);
+
+// Runs the batches; consume(indices, outputs) gets the input positions of the batch's sequences
+// (row b of the outputs is sequences[indices[b]]) and the model's outputs, padded to the batch's
+// longest sequence. outputs.last_hidden_state is the encoder's own buffer, overwritten by the
+// stream's next batch: copy what must outlive the call. With several streams the batches finish
+// in no fixed order, but consume and progress are called for one batch at a time (under a lock),
+// so they need no locking of their own; an exception from any batch stops the others from
+// starting and is rethrown here. The batches (which sequences, how padded) and so the results do
+// not depend on the number of streams beyond the products' rounding.
 void hf_run_batches(const HfEncoder& model, const std::vector<HfSequence>& sequences, const HfBatchOptions& options,
                     const std::function<void(const std::vector<size_t>& indices, const HfOutputs& outputs)>& consume);
 

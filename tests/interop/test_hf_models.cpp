@@ -4,12 +4,14 @@
 // input order), the real all-MiniLM-L6-v2 against sentence-transformers' embeddings, and the
 // refusals (pickle-only directory, unsupported architecture or option, missing or misshapen
 // tensor).
+#include "cabm/core/threads.h"
 #include "cabm/interop/hf_encoder.h"
 #include "cabm/interop/hf_pipeline.h"
 #include "cabm/io/safetensors.h"
 #include "util/test_util.h"
 
 #include <nlohmann/json.hpp>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -214,6 +216,63 @@ TEST(HfPipeline, PoolingAsSentenceTransformers) {
     EXPECT_CLOSE(mean.select(0, static_cast<int64_t>(b)), Tensor::from_vector(want_mean, {E}), tol, tol);
     EXPECT_CLOSE(cls.select(0, static_cast<int64_t>(b)), Tensor::from_vector(want_cls, {E}), tol, tol);
   }
+}
+
+// Batch streams (hf_batch_streams): the same batches run two at a time, one per thread, give the
+// one-stream numbers up to the products' rounding; consume and progress see every batch once, one
+// at a time; an exception from a batch comes back to the caller; the caller's thread count stays.
+TEST(HfPipeline, BatchStreamsMatchOneStream) {
+  test::ScopedThreads threads(2);
+  const HfEncoder model = load_hf_encoder(hf_dir() + "/bert");
+  const Expected e = load_expected("bert");
+  std::vector<HfSequence> seqs = sequences_of(e.inputs);
+  const std::vector<HfSequence> base = seqs;
+  for (int copy = 0; copy < 3; ++copy) seqs.insert(seqs.end(), base.begin(), base.end());
+  const int64_t n = static_cast<int64_t>(seqs.size());
+  int one_stream_calls = 0;
+  const HfHiddenStates one = hf_hidden_states(model, seqs, {1, [&](int64_t, int64_t) { ++one_stream_calls; }, 1});
+  EXPECT_EQ(one_stream_calls, n);
+
+  int64_t last = 0, calls = 0;
+  bool in_parallel = false;
+  const HfBatchOptions two_streams{1,
+                                   [&](int64_t done, int64_t total) {
+                                     ++calls;
+                                     EXPECT_GT(done, last);
+                                     EXPECT_EQ(total, n);
+                                     last = done;
+                                     in_parallel |= omp_in_parallel() != 0;
+                                   },
+                                   2};
+  const HfHiddenStates two = hf_hidden_states(model, seqs, two_streams);
+  EXPECT_EQ(calls, n);
+  EXPECT_EQ(last, n);
+  EXPECT_TRUE(in_parallel);  // the batches ran in the streams' parallel region
+  EXPECT_CLOSE(two.last_hidden_state, one.last_hidden_state, 1e-6, 1e-6);
+  for (int64_t i = 0; i < one.attention_mask.numel(); ++i)
+    EXPECT_EQ(two.attention_mask.data<int64_t>()[i], one.attention_mask.data<int64_t>()[i]);
+  EXPECT_CLOSE(hf_embed(model, seqs, HfPooling::kMean, true, {3, {}, 2}),
+               hf_embed(model, seqs, HfPooling::kMean, true, {3, {}, 1}), 1e-6, 1e-6);
+  EXPECT_EQ(num_threads(), 2);
+
+  int consumed = 0;
+  EXPECT_THROW(hf_run_batches(model, seqs, {1, {}, 2},
+                              [&](const std::vector<size_t>&, const HfOutputs&) {
+                                if (++consumed == 3) throw Error("stop");
+                              }),
+               Error);
+  EXPECT_LT(consumed, n);  // the batches not yet started when it threw never ran
+  EXPECT_EQ(num_threads(), 2);
+}
+
+TEST(HfPipeline, BatchStreamCount) {
+  EXPECT_EQ(hf_batch_streams(2, 32, 0), 2);  // cabm embed's 1,000 texts in batches of 32
+  EXPECT_EQ(hf_batch_streams(2, 7, 0), 1);   // too few batches to even out two streams
+  EXPECT_EQ(hf_batch_streams(1, 100, 0), 1);
+  EXPECT_EQ(hf_batch_streams(4, 16, 0), 4);
+  EXPECT_EQ(hf_batch_streams(2, 3, 5), 2);  // asked for: at most the threads
+  EXPECT_EQ(hf_batch_streams(4, 100, 1), 1);
+  EXPECT_THROW(hf_batch_streams(2, 10, -1), Error);
 }
 
 TEST(HfConfig, LabelsAndProblemType) {
