@@ -3,7 +3,7 @@ CTranslate2 on the same BERT weights and the same texts (issue 14; docs/hf_speed
 
     .venv-bench/bin/python bench/embed_compare.py [--cabm build/release/cabm] [--cabm-baseline BINARY]
         [--texts 1000] [--threads 2] [--models minilm,base] [--repeats 3] [--seed 0] [--ort-fusions]
-        [--out-md FILE]
+        [--other-streams] [--cabm-precisions fp32,bf16] [--out-md FILE]
 
 The bench venv comes from scripts/setup_bench_venv.sh (pins: scripts/requirements-bench.txt).
 Each model is a transformers `BertModel(BertConfig(...))` with random weights from --seed
@@ -26,9 +26,12 @@ each framework are compared with transformers': fp32 must agree within 1e-4 x ma
 SkipLayerNormalization, BiasGelu, EmbedLayerNormalization fused operators). --cabm-baseline runs a
 second cabm binary (say, the one before a change) in the same repeats, back to back with the first
 (in turn after and before it), so that a before/after comparison sees the same load on the machine;
-its rows say "(baseline)".
+its rows say "(baseline)". --other-streams adds rows for ONNX Runtime and CTranslate2 running
+--threads batches at a time from as many Python threads, one intra-op thread each (CTranslate2 with
+inter_threads = --threads), the counterpart of cabm embed's batch streams (cabm/interop/hf_pipeline.h).
 """
 import argparse
+import concurrent.futures
 import os
 import platform
 import re
@@ -83,6 +86,9 @@ def parse_args():
     p.add_argument("--cabm-baseline", default="",
                    help="a second cabm binary run in the same repeats (rows 'cabm embed (baseline)')")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--other-streams", action="store_true",
+                   help="rows for ONNX Runtime and CTranslate2 running --threads batches at a time, one "
+                        "intra-op thread each (as cabm embed's batch streams do), beside their default rows")
     p.add_argument("--cabm-precisions", type=lambda s: s.split(","), default=["fp32", "bf16"],
                    help="cabm embed's --precision values to run (fp32,bf16); bf16 alone has no fp32 row to "
                         "compare with the others, but fp32 alone halves the cabm runs where bf16 is not of interest "
@@ -260,30 +266,44 @@ def export_onnx(model_dir, path):
                           opset_version=17, dynamo=False)
 
 
+def run_batches(runner, texts):
+    """runner.pooled over the sorted batches, one at a time, or runner.streams at a time from as
+    many Python threads (ONNX Runtime and CTranslate2 release the GIL while they compute)."""
+    batches = sorted_batches(runner.tokenizer, texts)
+    if runner.streams > 1:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=runner.streams) as pool:
+            results = list(pool.map(runner.pooled, batches))
+    else:
+        results = [runner.pooled(b) for b in batches]
+    out = np.empty((len(texts), results[0][1].shape[1]), dtype=np.float32)
+    for rows, pooled in results:
+        out[rows] = pooled
+    return out
+
+
 class OrtRunner:
     precision, loading = "fp32", "excluded"
 
-    def __init__(self, onnx_path, tokenizer, threads, label):
+    def __init__(self, onnx_path, tokenizer, threads, label, streams=1):
         import onnxruntime as ort
-        self.name = f"ONNX Runtime {ort.__version__}{label}"
+        self.name = f"ONNX Runtime {ort.__version__}{label}" + (f" ({streams} streams)" if streams > 1 else "")
+        self.streams = streams
         so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
+        so.intra_op_num_threads = threads // streams
         so.inter_op_num_threads = 1
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         self.session = ort.InferenceSession(onnx_path, so, providers=["CPUExecutionProvider"])
         self.tokenizer = tokenizer
 
+    def pooled(self, batch):
+        rows, input_ids, mask = batch
+        (h,) = self.session.run(None, {"input_ids": input_ids, "attention_mask": mask,
+                                       "token_type_ids": np.zeros_like(input_ids)})
+        return rows, mean_pool(h, mask)
+
     def embed(self, texts):
-        out = None
-        for rows, input_ids, mask in sorted_batches(self.tokenizer, texts):
-            (h,) = self.session.run(None, {"input_ids": input_ids, "attention_mask": mask,
-                                           "token_type_ids": np.zeros_like(input_ids)})
-            pooled = mean_pool(h, mask)
-            if out is None:
-                out = np.empty((len(texts), pooled.shape[1]), dtype=np.float32)
-            out[rows] = pooled
-        return out
+        return run_batches(self, texts)
 
 
 def fuse_onnx(path, fused_path, name):
@@ -299,26 +319,25 @@ def fuse_onnx(path, fused_path, name):
 class Ct2Runner:
     precision, loading = "fp32", "excluded"
 
-    def __init__(self, ct2_dir, tokenizer, threads):
+    def __init__(self, ct2_dir, tokenizer, threads, streams=1):
         import ctranslate2
-        self.name = f"CTranslate2 {ctranslate2.__version__}"
+        self.name = f"CTranslate2 {ctranslate2.__version__}" + (f" ({streams} streams)" if streams > 1 else "")
+        self.streams = streams
         self.encoder = ctranslate2.Encoder(ct2_dir, device="cpu", compute_type="float32",
-                                           intra_threads=threads, inter_threads=1)
+                                           intra_threads=threads // streams, inter_threads=streams)
         self.tokenizer = tokenizer
 
+    def pooled(self, batch):
+        rows, input_ids, mask = batch
+        lengths = mask.sum(axis=1)
+        ids = [input_ids[r, :lengths[r]].tolist() for r in range(len(rows))]
+        types = [[0] * len(x) for x in ids]
+        res = self.encoder.forward_batch(ids, token_type_ids=types)
+        h = np.asarray(res.last_hidden_state, dtype=np.float32)  # [b, T, E]
+        return rows, mean_pool(h, mask[:, :h.shape[1]])
+
     def embed(self, texts):
-        out = None
-        for rows, input_ids, mask in sorted_batches(self.tokenizer, texts):
-            lengths = mask.sum(axis=1)
-            ids = [input_ids[r, :lengths[r]].tolist() for r in range(len(rows))]
-            types = [[0] * len(x) for x in ids]
-            res = self.encoder.forward_batch(ids, token_type_ids=types)
-            h = np.asarray(res.last_hidden_state, dtype=np.float32)  # [b, T, E]
-            pooled = mean_pool(h, mask[:, :h.shape[1]])
-            if out is None:
-                out = np.empty((len(texts), pooled.shape[1]), dtype=np.float32)
-            out[rows] = pooled
-        return out
+        return run_batches(self, texts)
 
 
 class CabmRunner:
@@ -369,6 +388,8 @@ def bench_model(name, a, root, log):
     onnx_path = os.path.join(root, f"{name}.onnx")
     export_onnx(model_dir, onnx_path)
     runners.append(OrtRunner(onnx_path, tokenizer, a.threads, ""))
+    if a.other_streams and a.threads > 1:
+        runners.append(OrtRunner(onnx_path, tokenizer, a.threads, "", streams=a.threads))
     if a.ort_fusions:
         fused_path = os.path.join(root, f"{name}_fused.onnx")
         stats = fuse_onnx(onnx_path, fused_path, name)
@@ -378,6 +399,8 @@ def bench_model(name, a, root, log):
     ct2_dir = os.path.join(root, f"{name}_ct2")
     ctranslate2.converters.TransformersConverter(model_dir).convert(ct2_dir, force=True)
     runners.append(Ct2Runner(ct2_dir, tokenizer, a.threads))
+    if a.other_streams and a.threads > 1:
+        runners.append(Ct2Runner(ct2_dir, tokenizer, a.threads, streams=a.threads))
     cabms = []
     for p in a.cabm_precisions if a.cabm else ():
         cabms.append(CabmRunner(a.cabm, model_dir, a.threads, p, root))
