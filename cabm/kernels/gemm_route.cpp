@@ -71,10 +71,12 @@ class Router {
     if (auto it = decisions_.find(key); it != decisions_.end()) return it->second.library;
     // Another process may have decided since this one last read the file.
     if (auto found = read_wisdom(key)) return remember(*found);
-    const auto [onednn, openblas] = best_times(trial);
+    const TrialTimes t = time_trial(trial);
     ++trials_;
-    GemmRouteDecision d{key, openblas < kGemmRouteOpenBlasMargin * onednn ? GemmLibrary::kOpenBlas : GemmLibrary::kOneDnn,
-                        onednn, openblas, false};
+    const bool openblas = t.openblas < kGemmRouteOpenBlasMargin * t.onednn &&
+                          t.openblas_round_wins >= kGemmRouteOpenBlasRoundWins;
+    GemmRouteDecision d{key, openblas ? GemmLibrary::kOpenBlas : GemmLibrary::kOneDnn, t.onednn, t.openblas, false,
+                        t.openblas_round_wins};
     append_wisdom(d);
     // Two processes that decided at once keep whichever line reached the file first.
     if (auto first = read_wisdom(key); first && first->library != d.library) d.library = first->library;
@@ -133,17 +135,28 @@ class Router {
     initialised_ = true;
   }
 
-  static std::pair<double, double> best_times(const GemmTrial& trial) {
+  struct TrialTimes {
+    double onednn, openblas;  // best of the rounds
+    int openblas_round_wins;  // rounds in which OpenBLAS beat oneDNN by the margin
+  };
+  static TrialTimes time_trial(const GemmTrial& trial) {
     double best[2] = {1e30, 1e30};
+    int wins = 0;
     const GemmLibrary libraries[2] = {GemmLibrary::kOneDnn, GemmLibrary::kOpenBlas};
-    for (int round = 0; round < 4; ++round) {
+    for (int round = 0; round < kGemmRouteRounds; ++round) {
+      double t[2];
       for (int n = 0; n < 2; ++n) {
         const int lib = (round + n) % 2;
         trial(libraries[lib]);  // warm-up
-        best[lib] = std::min(best[lib], trial(libraries[lib]));
+        t[lib] = trial(libraries[lib]);
+        best[lib] = std::min(best[lib], t[lib]);
       }
+      // The two timed calls of a round are adjacent in time: comparing them cancels slow drifts
+      // of the machine's load, and a vote over rounds outweighs one call that another process
+      // slowed down (which best times alone would take at face value).
+      if (t[1] < kGemmRouteOpenBlasMargin * t[0]) ++wins;
     }
-    return {best[0], best[1]};
+    return {best[0], best[1], wins};
   }
 
   GemmLibrary remember(const GemmRouteDecision& d) {

@@ -1,7 +1,8 @@
 // Which library runs a gemm() product: decided on the machine it runs on, not by a rule measured
-// on another CPU. (Measured with bench/bench_gemm_libraries: on an AMD Zen 3 OpenBLAS beats
-// oneDNN by 1.2–1.9× on the weight-gradient products Aᵀ·B; on an Intel Xeon with AVX-512 it loses
-// by 2–30× on most of them. A threshold that was right on one was 4–6× wrong on the other.)
+// on another CPU. (Measured with bench/bench_gemm_libraries: on an AMD Zen 3 in session 4 OpenBLAS
+// beat oneDNN by 1.2–1.9× on the weight-gradient products Aᵀ·B, and lost on all but one product
+// there in session 10 with Debian's current libraries; on an Intel Xeon with AVX-512 it lost by
+// 2–30× on most of them. A threshold that was right on one was 4–6× wrong on the other.)
 //
 // The first product of a given form and size class (transposes; M, N, K each rounded up to a
 // power of two; packed or strided; thread count) that is large enough to matter is timed on both
@@ -39,8 +40,11 @@ struct GemmShape {
 
 // Products with fewer multiply-adds than this are not timed: they run on oneDNN.
 inline constexpr int64_t kGemmRouteMinMacs = int64_t{1} << 24;
-// OpenBLAS is taken only when its time is below this fraction of oneDNN's.
+// OpenBLAS is taken only when its best time is below this fraction of oneDNN's and it was that
+// much faster in at least kGemmRouteOpenBlasRoundWins of the kGemmRouteRounds rounds.
 inline constexpr double kGemmRouteOpenBlasMargin = 0.9;
+inline constexpr int kGemmRouteRounds = 4;
+inline constexpr int kGemmRouteOpenBlasRoundWins = 3;
 
 // Times one call of the product on `library` (seconds).
 using GemmTrial = std::function<double(GemmLibrary)>;
@@ -48,8 +52,10 @@ using GemmTrial = std::function<double(GemmLibrary)>;
 // The library for `shape`: the pin, else the decision cached in memory or in the wisdom file,
 // else a new decision made by timing `trial`: four rounds, each running both libraries twice in
 // a row (the first call of a pair only warms up: a library called right after the other finds
-// the threads and caches in the other's state), the order swapped every round; each library's
-// best time counts. Thread-safe; decisions are serialised.
+// the threads and caches in the other's state), the order swapped every round; OpenBLAS must win
+// on each library's best time and in three of the four rounds (on a shared machine one call
+// slowed by another process made best times alone pick a library 2.4× slower; AMD Zen 3, session
+// 10). Thread-safe; decisions are serialised.
 GemmLibrary gemm_route(const GemmShape& shape, const GemmTrial& trial);
 
 // Every decision this process made or loaded, for `cabm bench` and logs.
@@ -58,6 +64,7 @@ struct GemmRouteDecision {
   GemmLibrary library;
   double onednn_seconds = 0, openblas_seconds = 0;  // best trial times (0 when loaded)
   bool from_wisdom = false;
+  int openblas_round_wins = 0;  // rounds OpenBLAS won by the margin (0 when loaded)
 };
 std::vector<GemmRouteDecision> gemm_route_decisions();
 // "gemm routes: 3 timed here, 2 from <file>: TN M768 ... -> OpenBLAS (1.21 vs 1.48 ms), ..." or

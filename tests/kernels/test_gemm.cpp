@@ -317,7 +317,8 @@ TEST(GemmRoute, DecidedOnceKeptInWisdom) {
   EXPECT_GT(decisions[0].onednn_seconds, 0);
   EXPECT_GT(decisions[0].openblas_seconds, 0);
   EXPECT_EQ(decisions[0].library,
-            decisions[0].openblas_seconds < kGemmRouteOpenBlasMargin * decisions[0].onednn_seconds
+            decisions[0].openblas_seconds < kGemmRouteOpenBlasMargin * decisions[0].onednn_seconds &&
+                    decisions[0].openblas_round_wins >= kGemmRouteOpenBlasRoundWins
                 ? GemmLibrary::kOpenBlas
                 : GemmLibrary::kOneDnn);
   EXPECT_EQ(count_lines(wisdom), 1);
@@ -352,6 +353,38 @@ TEST(GemmRoute, DecidedOnceKeptInWisdom) {
   run();
   EXPECT_EQ(gemm_route_trials(), 1);
   reset_gemm_routes("off");
+}
+
+// The decision from scripted trial times: each library's timed calls (every second call; the
+// others warm up) return the next value of its list. OpenBLAS needs the better best time and the
+// margin in three of the four rounds, so one fast call (or one slowed oneDNN call) does not win.
+GemmLibrary decide(const std::vector<double>& onednn_ms, const std::vector<double>& openblas_ms) {
+  reset_gemm_routes("off");
+  int calls[2] = {0, 0};
+  const GemmTrial trial = [&](GemmLibrary library) {
+    const int lib = library == GemmLibrary::kOneDnn ? 0 : 1;
+    const std::vector<double>& times = lib == 0 ? onednn_ms : openblas_ms;
+    const int call = calls[lib]++;
+    return call % 2 == 0 ? 1.0 : times.at(static_cast<size_t>(call / 2)) * 1e-3;  // warm-ups: 1 s
+  };
+  const GemmShape shape{true, false, 1024, 256, 4096, 1024, 256, 256, 2};
+  const GemmLibrary library = gemm_route(shape, trial);
+  EXPECT_EQ(calls[0], 2 * kGemmRouteRounds);
+  EXPECT_EQ(calls[1], 2 * kGemmRouteRounds);
+  EXPECT_EQ(gemm_route_trials(), 1);
+  const auto decisions = gemm_route_decisions();
+  EXPECT_EQ(decisions.size(), 1u);
+  reset_gemm_routes("off");
+  return library;
+}
+
+TEST(GemmRoute, OpenBlasMustWinMostRoundsNotOneCall) {
+  EXPECT_EQ(decide({10, 10, 10, 10}, {5, 5, 5, 5}), GemmLibrary::kOpenBlas);
+  EXPECT_EQ(decide({10, 10, 10, 10}, {5, 5, 5, 20}), GemmLibrary::kOpenBlas) << "three rounds of four";
+  EXPECT_EQ(decide({10, 10, 10, 10}, {5, 20, 20, 20}), GemmLibrary::kOneDnn) << "one lucky call";
+  EXPECT_EQ(decide({10, 40, 40, 10}, {20, 20, 20, 20}), GemmLibrary::kOneDnn) << "two slowed oneDNN calls";
+  EXPECT_EQ(decide({10, 10, 10, 10}, {9.5, 9.5, 9.5, 9.5}), GemmLibrary::kOneDnn) << "within the margin";
+  EXPECT_EQ(decide({10, 10, 10, 10}, {20, 20, 20, 20}), GemmLibrary::kOneDnn);
 }
 
 TEST(GemmRoute, PinnedLibraryIsNeverTimed) {
