@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -133,10 +134,25 @@ void load_adamw_state(const SafetensorsFile& file, AdamW& opt) {
     throw Error(fmt::format("{}: not an AdamW state (metadata 'optimizer')", file.path));
   const int64_t step =
       parse_integer(file.get_metadata("step"), 0, kMaxSteps, fmt::format("{}: metadata 'step'", file.path));
+  // m must be finite and v finite and >= 0 (a mean of squares): otherwise the first update
+  // writes NaN or ±inf into the weights, and the run later stops as "diverged (try a lower
+  // --lr)", blaming the learning rate for a damaged file.
+  const auto check_values = [&](const std::string& name, const Tensor& t, bool non_negative) {
+    const float* v = t.data<float>();
+    for (int64_t j = 0; j < t.numel(); ++j)
+      if (!std::isfinite(v[j]) || (non_negative && v[j] < 0.0f))
+        throw Error(fmt::format("{}: tensor '{}' holds {} at element {} (expected a finite{} value)", file.path, name,
+                                v[j], j, non_negative ? ", non-negative" : ""));
+  };
   for (size_t i = 0; i < opt.names.size(); ++i) {
     const Shape& shape = opt.exp_avg[i].shape();
-    opt.exp_avg[i].copy_from(file.get("exp_avg." + opt.names[i], DType::F32, shape));
-    opt.exp_avg_sq[i].copy_from(file.get("exp_avg_sq." + opt.names[i], DType::F32, shape));
+    const std::string m = "exp_avg." + opt.names[i], v = "exp_avg_sq." + opt.names[i];
+    const Tensor& m_file = file.get(m, DType::F32, shape);
+    const Tensor& v_file = file.get(v, DType::F32, shape);
+    check_values(m, m_file, false);
+    check_values(v, v_file, true);
+    opt.exp_avg[i].copy_from(m_file);
+    opt.exp_avg_sq[i].copy_from(v_file);
   }
   if (file.tensors.size() != 2 * opt.names.size())
     throw Error(fmt::format("{}: holds {} tensors, expected {} (the model's parameters differ)", file.path,

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 namespace cabm {
 namespace {
@@ -172,6 +173,36 @@ TEST(Checkpoint, OptimizerStateRoundTrip) {
   // A model with different parameters is refused.
   AdamW wrong = make_adamw({{"l.weight", Tensor::zeros({3, 5})}}, AdamWConfig{});
   EXPECT_THROW(load_adamw_state(read_safetensors(path), wrong), Error);
+}
+
+// m must be finite and v finite and >= 0: otherwise the first step after a resume writes NaN
+// into the weights and the run stops as "diverged (try a lower --lr)" (fuzz_adamw_state).
+TEST(Checkpoint, OptimizerStateWithNonFiniteOrNegativeMomentsIsRefused) {
+  const NamedTensors params = {{"l.weight", Tensor::zeros({3, 4})}, {"l.bias", Tensor::zeros({4})}};
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    bool second;  // exp_avg_sq, else exp_avg
+    float value;
+  };
+  for (const Case c : {Case{false, nan}, Case{false, -inf}, Case{true, -1e-3f}, Case{true, inf}, Case{true, nan}}) {
+    AdamW opt = make_adamw(params, AdamWConfig{});
+    opt.step = 2;
+    (c.second ? opt.exp_avg_sq : opt.exp_avg)[1].data<float>()[2] = c.value;
+    const std::string path = test::temp_dir() + "/bad_opt.safetensors";
+    write_safetensors(path, adamw_state_tensors(opt), adamw_state_metadata(opt));
+    AdamW other = make_adamw(params, AdamWConfig{});
+    const std::string message = error_of([&] { load_adamw_state(read_safetensors(path), other); });
+    const std::string tensor = c.second ? "'exp_avg_sq.l.bias'" : "'exp_avg.l.bias'";
+    EXPECT_NE(message.find(path), std::string::npos) << message;
+    EXPECT_NE(message.find(tensor), std::string::npos) << message;
+  }
+  // -0 is a square's value: accepted.
+  AdamW opt = make_adamw(params, AdamWConfig{});
+  opt.exp_avg_sq[0].data<float>()[0] = -0.0f;
+  const std::string path = test::temp_dir() + "/zero_opt.safetensors";
+  write_safetensors(path, adamw_state_tensors(opt), adamw_state_metadata(opt));
+  AdamW other = make_adamw(params, AdamWConfig{});
+  EXPECT_NO_THROW(load_adamw_state(read_safetensors(path), other));
 }
 
 }  // namespace
