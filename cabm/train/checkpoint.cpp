@@ -42,10 +42,21 @@ std::string step_name(int64_t step) {
   return fmt::format("step-{:08d}", step);
 }
 
-bool is_step_name(const std::string& name) {
-  if (name.size() != 13 || name.compare(0, 5, "step-") != 0) return false;
-  return std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; });
+}  // namespace
+
+std::optional<int64_t> checkpoint_name_step(const std::string& name) {
+  // kMaxSteps has 13 digits; the parse below cannot overflow.
+  if (name.size() < 13 || name.size() > 18 || name.compare(0, 5, "step-") != 0) return std::nullopt;
+  int64_t step = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    step = step * 10 + (name[i] - '0');
+  }
+  if (step > kMaxSteps || step_name(step) != name) return std::nullopt;
+  return step;
 }
+
+namespace {
 
 // A fresh hidden directory for a checkpoint being written. mkdir(2) applies the umask, so the
 // finished checkpoint has the permissions of any directory the user creates (mkdtemp's are
@@ -204,21 +215,22 @@ std::string save_checkpoint(const std::string& run_dir, const CheckpointWrite& c
   }
 
   // Housekeeping: what a killed save left behind and checkpoints beyond `keep`.
-  std::vector<std::string> steps;
+  std::vector<std::pair<int64_t, std::string>> steps;  // (step, name)
   for (const auto& entry : fs::directory_iterator(run_dir, ec)) {
     const std::string n = entry.path().filename().string();
     if (is_save_leftover(n)) {
       fs::remove_all(entry.path(), ec);
-    } else if (entry.is_directory() && is_step_name(n)) {
-      steps.push_back(n);
+    } else if (const std::optional<int64_t> s = checkpoint_name_step(n); s && entry.is_directory()) {
+      steps.emplace_back(*s, n);
     }
   }
+  // Keep the newest `keep` by step number (not by name: step-100000000 sorts before
+  // step-99999999), and always the one just written.
   std::sort(steps.begin(), steps.end());
-  // Keep the newest `keep` by step number, and always the one just written.
   int64_t kept = 0;
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
-    if (*it == name || kept < keep - 1) {
-      if (*it != name) ++kept;
+    if (it->second == name || kept < keep - 1) {
+      if (it->second != name) ++kept;
       continue;
     }
     // Renamed out of the step-* names first (one atomic rename), then deleted: a kill inside
@@ -226,10 +238,10 @@ std::string save_checkpoint(const std::string& run_dir, const CheckpointWrite& c
     // `cabm eval --checkpoint DIR/step-N` then refuses (tests/cli/test_cli_crash_safety.cpp
     // found an empty one). What a kill leaves now is a .old-step-* leftover, which the next save
     // or fresh run removes.
-    const fs::path doomed = fs::path(run_dir) / fmt::format(".old-{}-{}", *it, ::getpid());
+    const fs::path doomed = fs::path(run_dir) / fmt::format(".old-{}-{}", it->second, ::getpid());
     fs::remove_all(doomed, ec);
-    fs::rename(fs::path(run_dir) / *it, doomed, ec);
-    fs::remove_all(ec ? fs::path(run_dir) / *it : doomed, ec);
+    fs::rename(fs::path(run_dir) / it->second, doomed, ec);
+    fs::remove_all(ec ? fs::path(run_dir) / it->second : doomed, ec);
   }
   return (fs::path(run_dir) / name).string();
 }
@@ -261,7 +273,9 @@ std::string resolve_checkpoint(const std::string& path) {
   const fs::path latest = fs::path(path) / kLatestFile;
   if (exists_checked(latest)) {
     const std::string name = trim(read_file_bytes(latest.string()));
-    if (!is_step_name(name)) throw Error(fmt::format("{}: malformed (expected step-NNNNNNNN)", latest.string()));
+    if (!checkpoint_name_step(name))
+      throw Error(fmt::format("{}: malformed (expected step-NNNNNNNN: the step, at least 8 digits, at most {})",
+                              latest.string(), kMaxSteps));
     const fs::path dir = fs::path(path) / name;
     if (!exists_checked(dir / kModelFile))
       throw Error(fmt::format("{}: names {}, which has no {}", latest.string(), name, kModelFile));

@@ -2,7 +2,7 @@
 //
 // A run directory (--out) holds numbered checkpoint directories and a pointer to the newest:
 //
-//   runs/lm/latest                       text: "step-00001000"
+//   runs/lm/latest                       text: "step-00001000" (8 digits or more)
 //   runs/lm/step-00001000/model.safetensors       parameters, PyTorch names; the model's
 //                                                  configuration in __metadata__ (strings)
 //   runs/lm/step-00001000/optimizer.safetensors   "exp_avg.<name>", "exp_avg_sq.<name>";
@@ -41,6 +41,9 @@ inline constexpr const char* kAtomicTempInfix = ".tmp.";  // write_file_atomic: 
 
 // Whether a run directory entry is what an interrupted save leaves behind.
 bool is_save_leftover(const std::string& name);
+// The step of a checkpoint directory name as save_checkpoint writes it ("step-" and the step
+// zero-padded to 8 digits, more from step 10^8 on, at most kMaxSteps); nullopt for any other.
+std::optional<int64_t> checkpoint_name_step(const std::string& name);
 
 struct CheckpointWrite {
   int64_t step = 0;

@@ -205,5 +205,37 @@ TEST(Checkpoint, OptimizerStateWithNonFiniteOrNegativeMomentsIsRefused) {
   EXPECT_NO_THROW(load_adamw_state(read_safetensors(path), other));
 }
 
+// Steps go up to kMaxSteps (2^40, 13 digits); step-%08d names have more than 8 digits from step
+// 10^8 on. Such a checkpoint must resolve, and the keep policy must order steps by number, not
+// by name ("step-100000000" < "step-99999999" as strings) (fuzz_checkpoint_dir).
+TEST(Checkpoint, StepsBeyondEightDigitsResolveAndTheNewestAreKept) {
+  const std::string out = fresh_dir("many_steps");
+  const NamedTensors params = {{"w", Tensor::zeros({2})}};
+  for (const int64_t step : {int64_t{99999999}, int64_t{100000000}, int64_t{100000001}}) {
+    CheckpointWrite w;
+    w.step = step;
+    w.params = &params;
+    w.state = {{"step", step}};
+    save_checkpoint(out, w, 2);
+  }
+  EXPECT_EQ(resolve_checkpoint(out), out + "/step-100000001");
+  EXPECT_EQ(checkpoint_step(load_checkpoint(out, false)), 100000001);
+  EXPECT_FALSE(fs::exists(out + "/step-99999999"));
+  EXPECT_TRUE(fs::exists(out + "/step-100000000"));
+
+  CheckpointWrite last;
+  last.step = kMaxSteps;
+  last.params = &params;
+  last.state = {{"step", kMaxSteps}};
+  save_checkpoint(out, last, 1);
+  EXPECT_EQ(checkpoint_step(load_checkpoint(out, false)), kMaxSteps);
+  EXPECT_FALSE(fs::exists(out + "/step-100000001"));
+  // Names that no save writes stay refused: too few digits, not canonical, past kMaxSteps.
+  for (const char* name : {"step-0000001", "step-000000001", "step-01099511627776", "step-1099511627777"}) {
+    std::ofstream(out + "/latest", std::ios::trunc) << name << "\n";
+    EXPECT_NE(error_of([&] { resolve_checkpoint(out); }).find("malformed"), std::string::npos) << name;
+  }
+}
+
 }  // namespace
 }  // namespace cabm
