@@ -220,7 +220,9 @@ std::string save_checkpoint(const std::string& run_dir, const CheckpointWrite& c
     const std::string n = entry.path().filename().string();
     if (is_save_leftover(n)) {
       fs::remove_all(entry.path(), ec);
-    } else if (const std::optional<int64_t> s = checkpoint_name_step(n); s && entry.is_directory()) {
+    } else if (const std::optional<int64_t> s = checkpoint_name_step(n); s && entry.is_directory(ec)) {
+      // An entry that cannot be examined (a symbolic link loop, no permission) is not a
+      // checkpoint this save may delete: left alone, and the save stands.
       steps.emplace_back(*s, n);
     }
   }

@@ -36,7 +36,8 @@ bool clear_previous_run(const std::string& dir) {
   std::vector<fs::path> doomed;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if ((entry.is_directory() && name.rfind("step-", 0) == 0) || is_save_leftover(name)) doomed.push_back(entry.path());
+    // An entry that cannot be examined (a symbolic link loop, no permission) is left alone.
+    if ((name.rfind("step-", 0) == 0 && entry.is_directory(ec)) || is_save_leftover(name)) doomed.push_back(entry.path());
   }
   for (const fs::path& path : doomed) {
     const std::string name = path.filename().string();

@@ -80,6 +80,22 @@ TEST(CliTrain, TrainGenerateEvalResume) {
   expect_one_line_error(cabm("train --resume --out " + split + " --d-model 32"), "d_model");
 }
 
+// A fresh run clears the old checkpoints of its --out directory; an entry there that cannot be
+// examined (a symbolic link loop) is left alone instead of ending the run with a filesystem
+// exception, and so is one named like a checkpoint by the keep policy of each save.
+TEST(CliTrain, AFreshRunLeavesEntriesItCannotExamine) {
+  const std::string out = test::temp_dir() + "/loops";
+  fs::create_directories(out);
+  fs::create_directory_symlink("loop", out + "/loop");
+  fs::create_directory_symlink("step-00000009", out + "/step-00000009");
+  const CmdResult r =
+      cabm("train --data " + data_file() + " --out " + out + kTiny + " --steps 2 --eval-interval 0 --sample-tokens 0");
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_TRUE(fs::exists(out + "/step-00000002/model.safetensors"));
+  EXPECT_TRUE(fs::is_symlink(out + "/loop"));
+  EXPECT_TRUE(fs::is_symlink(out + "/step-00000009"));
+}
+
 // Grouped-query attention: --kv-heads reaches the model, the checkpoint (metadata and the packed
 // [E + 2Ekv, E] projection), generation, resume and --init; a bad count is a usage error.
 TEST(CliTrain, GroupedQueryAttention) {

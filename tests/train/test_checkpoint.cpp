@@ -237,5 +237,25 @@ TEST(Checkpoint, StepsBeyondEightDigitsResolveAndTheNewestAreKept) {
   }
 }
 
+// An entry of the run directory that cannot be examined (here a symbolic link loop named like a
+// checkpoint) is left alone by the keep policy; it made save_checkpoint throw
+// std::filesystem::filesystem_error after the checkpoint was written (fuzz_checkpoint_dir).
+TEST(Checkpoint, EntriesThatCannotBeExaminedDoNotFailTheSave) {
+  const std::string out = fresh_dir("loop");
+  fs::create_directories(out);
+  fs::create_directory_symlink("step-00000001", out + "/step-00000001");  // points at itself
+  const NamedTensors params = {{"w", Tensor::zeros({2})}};
+  for (const int64_t step : {2, 3}) {
+    CheckpointWrite w;
+    w.step = step;
+    w.params = &params;
+    w.state = {{"step", step}};
+    EXPECT_NO_THROW(save_checkpoint(out, w, 1)) << step;
+  }
+  EXPECT_EQ(resolve_checkpoint(out), out + "/step-00000003");
+  EXPECT_FALSE(fs::exists(out + "/step-00000002"));
+  EXPECT_TRUE(fs::is_symlink(out + "/step-00000001"));
+}
+
 }  // namespace
 }  // namespace cabm
