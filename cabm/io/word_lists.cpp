@@ -66,7 +66,16 @@ std::string lowercase_word(std::string_view word) {
 }
 
 WordDataset load_word_lists(const std::vector<WordListSource>& sources, const WordListOptions& options) {
+  std::vector<std::string> texts;
+  texts.reserve(sources.size());
+  for (const WordListSource& source : sources) texts.push_back(read_file_bytes(source.path));
+  return parse_word_lists(sources, texts, options);
+}
+
+WordDataset parse_word_lists(const std::vector<WordListSource>& sources, const std::vector<std::string>& texts,
+                             const WordListOptions& options) {
   CABM_CHECK(!sources.empty(), "no word lists given");
+  CABM_CHECK(texts.size() == sources.size(), "one text per word list");
   WordDataset data;
   const size_t L = sources.size();
   CABM_CHECK(L <= 32, "at most 32 languages");
@@ -75,7 +84,7 @@ WordDataset load_word_lists(const std::vector<WordListSource>& sources, const Wo
   std::vector<std::vector<std::string>> words(L);
   for (size_t c = 0; c < L; ++c) {
     data.languages.push_back(sources[c].language);
-    const std::string text = read_file_bytes(sources[c].path);
+    const std::string& text = texts[c];
     size_t pos = 0, kept = 0;
     while (pos < text.size()) {
       size_t end = text.find('\n', pos);

@@ -53,6 +53,9 @@ std::string lowercase_word(std::string_view word);
 
 // Reads and cleans the lists; errors name a missing or empty list.
 WordDataset load_word_lists(const std::vector<WordListSource>& sources, const WordListOptions& options = {});
+// The same on lists already read: texts[c] is the content of sources[c].path (named in errors).
+WordDataset parse_word_lists(const std::vector<WordListSource>& sources, const std::vector<std::string>& texts,
+                             const WordListOptions& options = {});
 
 // A batch of B words chosen as described above: words[b], labels[b].
 void sample_words(const WordDataset& data, int64_t B, Rng& rng, std::vector<std::string>& words,

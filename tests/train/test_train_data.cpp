@@ -200,6 +200,25 @@ TEST(WordLists, CleansDeduplicatesAndBalances) {
             std::string::npos);
 }
 
+TEST(WordLists, ParseWordListsIsLoadWordListsOnBuffers) {
+  const std::string en_text = "Cat\ncat's\nhouse\ndie\r\nmouse \nbird\n\xC3\x28bad\n";
+  const std::string de_text = "Haus\nKatze\ndie\n\xC3\x84rger\nMaus\nVogel";
+  const std::vector<WordListSource> sources = {{"english", write_temp("en2.txt", en_text)},
+                                               {"german", write_temp("de2.txt", de_text)}};
+  WordListOptions options;
+  options.validation_fraction = 0.5;
+  const WordDataset from_files = load_word_lists(sources, options);
+  const WordDataset from_buffers = parse_word_lists(sources, {en_text, de_text}, options);
+  EXPECT_EQ(from_buffers.languages, from_files.languages);
+  EXPECT_EQ(from_buffers.train, from_files.train);
+  EXPECT_EQ(from_buffers.validation, from_files.validation);
+  EXPECT_EQ(from_buffers.dropped_shared, from_files.dropped_shared);
+  EXPECT_EQ(from_buffers.dropped_apostrophe, from_files.dropped_apostrophe);
+  // Errors name the list's path, as when it was read from the file.
+  EXPECT_NE(error_of([&] { parse_word_lists(sources, {en_text, "x'y\n"}, options); }).find(sources[1].path),
+            std::string::npos);
+}
+
 TEST(WordLists, BalancedSampling) {
   std::string many, few;
   for (int i = 0; i < 500; ++i) many += "word" + std::to_string(i) + "\n";
