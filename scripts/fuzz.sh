@@ -17,7 +17,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ALL_TARGETS=(safetensors state_json model_metadata forward text_data hf_tokenizer hf_config attention_file)
+ALL_TARGETS=(safetensors state_json model_metadata forward text_data hf_tokenizer hf_config attention_file word_lists
+  adamw_state checkpoint_dir)
 seconds=${1:-60}
 if ! [[ $seconds =~ ^[0-9]+$ ]] || ((seconds < 1)); then
   echo "usage: scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]  (targets: ${ALL_TARGETS[*]})" >&2

@@ -11,7 +11,7 @@ import struct
 import sys
 
 TARGETS = ["safetensors", "state_json", "model_metadata", "forward", "text_data", "hf_tokenizer", "hf_config",
-           "attention_file"]
+           "attention_file", "word_lists", "adamw_state", "checkpoint_dir"]
 
 # ---------------------------------------------------------------------------------------------
 # safetensors, built by hand: u64 header length, JSON header, one buffer.
@@ -438,10 +438,175 @@ def corpus_attention_file():
     }
 
 
+# ---------------------------------------------------------------------------------------------
+# Word lists of `cabm train --task langid` (fuzz_word_lists): [max_bytes - 1][validation byte]
+# then the lists, separated by 0xFF. Validation byte: low 4 bits validation_per_language - 1,
+# 0x10 a held-out fraction of 0.5 instead of 0.1.
+
+SYLLABLES = {
+    "english": ["the", "wor", "ing", "ness", "ship", "ough", "ly", "ter", "wh", "ight", "str", "ck"],
+    "german": ["sch", "ung", "keit", "ge", "lich", "\u00fcber", "stra\u00dfe", "ei", "tz", "ach", "pf", "zw"],
+    "french": ["eau", "ti", "on", "ment", "\u00e9t\u00e9", "qu", "oi", "ai", "\u00e8re", "ch", "gn", "eux"],
+    "spanish": ["ci\u00f3n", "ll", "\u00f1o", "ado", "ero", "rr", "que", "ue", "ita", "mos", "dad", "es"],
+    "italian": ["zione", "gli", "cch", "etto", "ssi", "ato", "ore", "sce", "zz", "ino", "gn", "ia"],
+}
+
+
+def words_of(language, n, capitalise=False):
+    syl = SYLLABLES[language]
+    out = []
+    for i in range(n):
+        w = syl[i % len(syl)] + syl[(i // len(syl)) % len(syl)] + syl[(i * 7 + 1) % len(syl)][: 1 + i % 3]
+        out.append(w.capitalize() if capitalise and i % 4 == 0 else w)
+    return out
+
+
+def word_lists(lists, max_bytes=24, per_language=16, half=False):
+    head = bytes([(max_bytes - 1) % 256, ((per_language - 1) % 16) | (0x10 if half else 0)])
+    return head + b"\xff".join(("\n".join(words) + "\n").encode() if isinstance(words, list) else words
+                               for words in lists)
+
+
+def corpus_word_lists():
+    five = [words_of(lang, 60, capitalise=True) for lang in SYLLABLES]
+    noisy = [
+        words_of("english", 40) + ["cat's", "o'clock", "Zebra", "ZEBRA", "zebra", "pain", "die"],
+        words_of("german", 40) + ["Stra\u00dfe", "\u00c4pfel", "\u00dcBER", "die", "Donaudampfschifffahrtsgesellschaft"],
+        words_of("french", 40) + ["l'eau", "aujourd\u2019hui", "pain", "\u00c9T\u00c9", "\u0152uvre", "\u0178"],
+    ]
+    return {
+        "five_languages": word_lists(five),
+        "noisy": word_lists(noisy, max_bytes=16, per_language=4),
+        "half_held_out": word_lists([words_of("spanish", 12), words_of("italian", 12)], half=True),
+        "latin_extended_a": word_lists([["\u0141\u00f3d\u017a", "\u0150r\u00fcl", "\u0130stanbul", "\u0131s\u0131k",
+                                         "\u0138ra", "\u0149nam", "\u017fun", "\u0110akovo", "\u0132sselmeer",
+                                         "\u0174ales", "\u0179r\u00f3d\u0142o", "\u00d7times"] * 3,
+                                        words_of("english", 30)], half=True),
+        "crlf_and_spaces": word_lists([("\r\n".join(words_of("german", 30)) + "\r\n").encode(),
+                                       (" \t\n".join(words_of("french", 30)) + "\n").encode()], half=True),
+        "invalid_utf8": word_lists([b"abc\n\xc0\xaf\nd\xed\xa0\x80e\nf\xf4\x90\x80\x80\nok\n\xe2\x82\n" +
+                                    ("\n".join(words_of("english", 30)) + "\n").encode(), words_of("italian", 30)],
+                                   half=True),
+        "one_word_each": word_lists([["a"], ["b"], ["c"]]),
+        "empty_list": word_lists([words_of("english", 30), b""]),
+        "only_apostrophes": word_lists([["it's", "don't"], words_of("english", 30)]),
+        "all_shared": word_lists([words_of("spanish", 20), words_of("spanish", 20)]),
+        "long_words_only": word_lists([words_of("german", 20), words_of("italian", 20)], max_bytes=3),
+        "thirty_three_lists": word_lists([["w%d" % i, "x%d" % i] for i in range(33)], half=True),
+        "control_bytes": word_lists([b"a\x00b\nc\x07d\n\x7f\n\tlead\n" * 5, words_of("english", 20)], half=True),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# A checkpoint's optimizer.safetensors (fuzz_adamw_state), laid out as save_checkpoint writes
+# it (adamw_state_tensors + adamw_state_metadata through write_safetensors: keys sorted).
+
+
+def adamw_file(params=None, step=2, m=None, v=None, meta=None, dtype="F32", drop=(), extra=None):
+    params = params if params is not None else {"l.weight": [3, 4], "l.bias": [4]}
+    t = {}
+    for name, shape in params.items():
+        n = numel(shape)
+        t["exp_avg." + name] = (dtype, shape, m(n) if m else values(n, 0.01))
+        t["exp_avg_sq." + name] = (dtype, shape, v(n) if v else [abs(x) * 0.001 for x in values(n, 0.1, 3)])
+    for name in drop:
+        del t[name]
+    t.update(extra or {})
+    metadata = {"beta1": "0.9", "beta2": "0.999", "eps": "1e-08", "optimizer": "AdamW", "step": str(step),
+                "weight_decay": "0.01"}
+    metadata.update(meta or {})
+    return safetensors(t, dict(sorted((k, val) for k, val in metadata.items() if val is not None)))
+
+
+def corpus_adamw_state():
+    nan, inf = float("nan"), float("inf")
+    return {
+        "valid": adamw_file(),
+        "step_zero_zero_moments": adamw_file(step=0, m=lambda n: [0.0] * n, v=lambda n: [0.0] * n),
+        "model_params": adamw_file({"embed.weight": [6, 4], "encoder.layers.0.norm1.weight": [4],
+                                    "encoder.layers.0.linear1.weight": [8, 4], "head.weight": [2, 4]}, step=7),
+        "scalar_and_empty": adamw_file({"s": [], "z": [0, 3]}, step=1),
+        "max_step": adamw_file(step=2 ** 40),
+        "step_past_max": adamw_file(step=2 ** 40 + 1),
+        "negative_step": adamw_file(step=-1),
+        "fraction_step": adamw_file(meta={"step": "2.5"}),
+        "no_step": adamw_file(meta={"step": None}),
+        "not_adamw": adamw_file(meta={"optimizer": "SGD"}),
+        "no_optimizer_key": adamw_file(meta={"optimizer": None}),
+        "nan_exp_avg": adamw_file(m=lambda n: [nan] + [0.0] * (n - 1)),
+        "inf_exp_avg": adamw_file(m=lambda n: [0.0] * (n - 1) + [-inf]),
+        "negative_exp_avg_sq": adamw_file(v=lambda n: [0.5] * (n - 1) + [-1e-3]),
+        "inf_exp_avg_sq": adamw_file(v=lambda n: [inf] * n),
+        "negative_zero_exp_avg_sq": adamw_file(v=lambda n: [-0.0] * n),
+        "huge_exp_avg": adamw_file(m=lambda n: [3e38] * n, v=lambda n: [0.0] * n),
+        "bf16_moments": adamw_file(dtype="BF16"),
+        "missing_exp_avg_sq": adamw_file(drop=("exp_avg_sq.l.bias",)),
+        "extra_tensor": adamw_file(extra={"exp_avg_sq.l.other": f32([2])}),
+        "wrong_shape": adamw_file(extra={"exp_avg_sq.l.bias": f32([5])}),
+        "no_tensors": safetensors({}, {"optimizer": "AdamW", "step": "0"}),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# A run directory (fuzz_checkpoint_dir): [flags][keep - 1][step: 6 bytes LE] `latest` NUL
+# entries, one a line: kind (c m o s d f l) and a name (l: NAME>TARGET). Flags: 1 for_resume,
+# 2 write `latest`, 4 save at the step first, 8 load the first entry's path, 16 a trailing '/'.
+
+
+def run_dir(latest=b"step-00000003\n", entries=("cstep-00000003",), resume=False, write_latest=True, save=None,
+            keep=2, first_entry=False, slash=False):
+    flags = (1 if resume else 0) | (2 if write_latest else 0) | (4 if save is not None else 0) | \
+            (8 if first_entry else 0) | (16 if slash else 0)
+    step = save or 0
+    return bytes([flags, keep - 1]) + struct.pack("<Q", step)[:6] + latest + b"\0" + \
+        "\n".join(entries).encode() + b"\n"
+
+
+def corpus_checkpoint_dir():
+    two = ("cstep-00000001", "cstep-00000003")
+    return {
+        "latest": run_dir(),
+        "latest_resume": run_dir(resume=True, entries=two),
+        "latest_crlf_no_newline": run_dir(latest=b"step-00000003\r\n", resume=True),
+        "latest_unterminated": run_dir(latest=b"step-00000003"),
+        "checkpoint_given": run_dir(write_latest=False, first_entry=True, resume=True),
+        "checkpoint_given_slash": run_dir(write_latest=False, first_entry=True, slash=True),
+        "run_slash": run_dir(slash=True, resume=True),
+        "leftovers": run_dir(resume=True, entries=("cstep-00000003", "d.tmp-step-00000004-77-0",
+                                                   "c.old-step-00000002-77", "flatest.tmp.77", "fnotes.txt",
+                                                   "dstep-x")),
+        "save_and_resume": run_dir(save=5, keep=2, resume=True, entries=two + ("d.tmp-step-00000005-1-0",)),
+        "save_keep_one": run_dir(save=4, keep=1, entries=two + ("cstep-00000009",)),
+        "save_over_latest": run_dir(save=3, entries=two),
+        "save_step_zero": run_dir(save=0, keep=3, write_latest=False, entries=()),
+        "save_nine_digits": run_dir(save=123456789, resume=True),
+        "save_max_step": run_dir(save=2 ** 40, resume=True),
+        "latest_names_missing": run_dir(latest=b"step-00000009\n"),
+        "latest_garbage": run_dir(latest=b"garbage\n"),
+        "latest_nine_digits": run_dir(latest=b"step-123456789\n", entries=("cstep-123456789",)),
+        "latest_empty": run_dir(latest=b""),
+        "latest_path": run_dir(latest=b"../step-00000003\n"),
+        "latest_is_dir": run_dir(write_latest=False, entries=("dlatest", "cstep-00000003")),
+        "model_only_resume": run_dir(resume=True, entries=("mstep-00000003",)),
+        "model_only": run_dir(entries=("mstep-00000003",)),
+        "no_state_resume": run_dir(resume=True, entries=("ostep-00000003",)),
+        "no_optimizer_resume": run_dir(resume=True, entries=("sstep-00000003",)),
+        "step_is_file": run_dir(entries=("fstep-00000003",)),
+        "symlinked_step": run_dir(latest=b"step-00000007\n", resume=True,
+                                  entries=("cstep-00000003", "lstep-00000007>step-00000003")),
+        "symlink_loop": run_dir(entries=("lstep-00000003>step-00000003",)),
+        "model_in_run_dir": run_dir(entries=("cstep-00000003", "lmodel.safetensors>step-00000003/model.safetensors")),
+        "empty_run_dir": run_dir(write_latest=False, entries=()),
+        "nested": run_dir(write_latest=False, first_entry=True, resume=True,
+                          entries=("dinner", "cinner/step-00000003", "flatest")),
+    }
+
+
 CORPORA = {"safetensors": corpus_safetensors, "state_json": corpus_state_json,
            "model_metadata": corpus_model_metadata, "forward": corpus_forward, "text_data": corpus_text_data,
            "hf_tokenizer": corpus_hf_tokenizer, "hf_config": corpus_hf_config,
-           "attention_file": corpus_attention_file}
+           "attention_file": corpus_attention_file, "word_lists": corpus_word_lists,
+           "adamw_state": corpus_adamw_state, "checkpoint_dir": corpus_checkpoint_dir}
 
 
 def main():
