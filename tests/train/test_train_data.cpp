@@ -201,7 +201,7 @@ TEST(WordLists, CleansDeduplicatesAndBalances) {
 }
 
 TEST(WordLists, ParseWordListsIsLoadWordListsOnBuffers) {
-  const std::string en_text = "Cat\ncat's\nhouse\ndie\r\nmouse \nbird\n\xC3\x28bad\n";
+  const std::string en_text = "Cat\ncat's\nhouse\ndie\r\nmouse \nbird\n\xC3\x28" "bad\n";
   const std::string de_text = "Haus\nKatze\ndie\n\xC3\x84rger\nMaus\nVogel";
   const std::vector<WordListSource> sources = {{"english", write_temp("en2.txt", en_text)},
                                                {"german", write_temp("de2.txt", de_text)}};
