@@ -224,16 +224,19 @@ int64_t size_class(int64_t n) {
 }
 }  // namespace
 
-// One decision serves a size class: M, N and K each rounded up to a power of two, and whether
-// every matrix is packed (leading dimension = its width) or some is a strided view. Inference
-// meets a new row count with nearly every batch (texts × their length); timing each one cost
-// more than it saved (cabm embed, 1,000 texts of 8-128 tokens, MiniLM-L6, this 2-core Xeon:
-// 65 s with a decision per exact shape, 27 s pinned to oneDNN), and the libraries' relative
-// speed changes little within a factor of two of one size.
+// One decision serves a class of shapes: the transposes, M, N and K each rounded up to a power of
+// two, the three leading dimensions exactly, and the thread count. Inference meets a new row count
+// with nearly every batch (texts × their length); timing each one cost more than it saved (cabm
+// embed, 1,000 texts of 8-128 tokens, MiniLM-L6, a 2-core Xeon: 65 s with a decision per exact
+// shape, 27 s pinned to oneDNN), so the row count is only a size class. The leading dimensions
+// are the weights' widths in every product cabm runs (x·Wᵀ, dY·W, dYᵀ·X), fixed for a model, and
+// they matter more than size: oneDNN's Aᵀ·B runs at 63-79 GFLOP/s when A's leading dimension is
+// 1024 or 2048 and at 111-128 when it is 768, 1000 or 1056, while OpenBLAS stays at 120-145 on all
+// of them (AMD EPYC Zen 3, session 11, bench_gemm_libraries 4096 256 F): one decision per power
+// of two sent 1024 the way 768 had gone, at 0.5× the faster library.
 std::string GemmShape::key() const {
-  const bool packed = lda == (ta ? M : K) && ldb == (tb ? K : N) && ldc == N;
-  return fmt::format("{}{} M~{} N~{} K~{} {} t{}", ta ? 'T' : 'N', tb ? 'T' : 'N', size_class(M), size_class(N),
-                     size_class(K), packed ? "packed" : "strided", threads);
+  return fmt::format("{}{} M~{} N~{} K~{} ld {} {} {} t{}", ta ? 'T' : 'N', tb ? 'T' : 'N', size_class(M),
+                     size_class(N), size_class(K), lda, ldb, ldc, threads);
 }
 
 GemmLibrary gemm_route(const GemmShape& shape, const GemmTrial& trial) {

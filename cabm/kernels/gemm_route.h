@@ -5,7 +5,7 @@
 // 2–30× on most of them. A threshold that was right on one was 4–6× wrong on the other.)
 //
 // The first product of a given form and size class (transposes; M, N, K each rounded up to a
-// power of two; packed or strided; thread count) that is large enough to matter is timed on both
+// power of two; the exact leading dimensions; thread count) that is large enough to matter is timed on both
 // libraries, in alternation, and the faster one is kept for the rest of the process; OpenBLAS must win by 10% to be taken (oneDNN is
 // the default and the one cabm's bf16 products use). Smaller products always run on oneDNN.
 //
@@ -35,7 +35,7 @@ struct GemmShape {
   bool ta = false, tb = false;
   int64_t M = 0, N = 0, K = 0, lda = 0, ldb = 0, ldc = 0;
   int threads = 1;
-  std::string key() const;  // the size class: "TN M~1024 N~256 K~4096 packed t2"
+  std::string key() const;  // the class: "TN M~1024 N~256 K~4096 ld 1024 256 256 t2"
 };
 
 // Products with fewer multiply-adds than this are not timed: they run on oneDNN.

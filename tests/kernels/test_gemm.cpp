@@ -296,17 +296,24 @@ TEST(GemmRoute, DecidedOnceKeptInWisdom) {
   EXPECT_EQ(gemm_route_trials(), 1);
   run();
   EXPECT_EQ(gemm_route_trials(), 1) << "decided once per shape";
-  // Another shape of the same size class (M, N, K each within the same power of two, packed)
-  // takes that decision; a strided one (padded rows) is another class.
+  // Another shape of the same class (M, N, K each within the same power of two, the same leading
+  // dimensions: here another row count K of dYᵀ·X) takes that decision; another leading dimension
+  // (a wider weight, or padded rows) is another class even within the same power of two.
   const auto run_case = [](const Case& k, uint64_t seed) {
     const Operands p = make_operands(k, seed, false);
     std::vector<float> y = p.c0;
     gemm({p.a.data(), k.M, k.K, p.lda, k.ta}, {p.b.data(), k.K, k.N, p.ldb, k.tb}, y.data(), p.ldc);
   };
-  run_case(Case{400, 256, 256, true, false, 1.0f, 0.0f, 0}, 8);
-  EXPECT_EQ(gemm_route_trials(), 1) << "one decision per size class";
-  run_case(Case{400, 256, 256, true, false, 1.0f, 0.0f, 3}, 9);
-  EXPECT_EQ(gemm_route_trials(), 2) << "strided operands are another class";
+  run_case(Case{300, 256, 200, true, false, 1.0f, 0.0f, 0}, 8);
+  EXPECT_EQ(gemm_route_trials(), 1) << "one decision per class";
+  run_case(Case{400, 256, 256, true, false, 1.0f, 0.0f, 0}, 9);
+  EXPECT_EQ(gemm_route_trials(), 2) << "another leading dimension of A is another class";
+  run_case(Case{300, 256, 256, true, false, 1.0f, 0.0f, 3}, 10);
+  EXPECT_EQ(gemm_route_trials(), 3) << "strided operands are another class";
+  EXPECT_EQ(GemmShape({true, false, 300, 256, 200, 300, 256, 256, 2}).key(),
+            GemmShape({true, false, 260, 140, 150, 300, 256, 256, 2}).key());
+  EXPECT_NE(GemmShape({true, false, 1024, 256, 4096, 1024, 256, 256, 2}).key(),
+            GemmShape({true, false, 768, 256, 4096, 768, 256, 256, 2}).key());
   std::filesystem::remove(wisdom);
   reset_gemm_routes(wisdom);
   run();
@@ -322,7 +329,7 @@ TEST(GemmRoute, DecidedOnceKeptInWisdom) {
                 ? GemmLibrary::kOpenBlas
                 : GemmLibrary::kOneDnn);
   EXPECT_EQ(count_lines(wisdom), 1);
-  EXPECT_NE(gemm_route_summary().find("TN M~512 N~256 K~256 packed"), std::string::npos) << gemm_route_summary();
+  EXPECT_NE(gemm_route_summary().find("TN M~512 N~256 K~256 ld 300 256 256 t"), std::string::npos) << gemm_route_summary();
 
   reset_gemm_routes(wisdom);  // a new process on the same machine
   run();
