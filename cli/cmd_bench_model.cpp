@@ -66,7 +66,7 @@ Paired time_paired(int64_t repeats, const std::function<void()>& fp32, const std
 void print_paths() {
   const bf16 one{0x3f80};
   const MatrixRefBf16 probe{&one, 1, 1, 1};
-  std::printf("bf16 paths: conversions %s, gemm_bf16 %s, attention forward %s, backward %s\n", bf16_path_name(),
+  std::printf("bf16 paths: conversions %s, gemm_bf16 %s, attention forward %s, backward %s\n", bf16_conversion_path_name(),
               gemm_bf16_implementation(probe, probe, 1).c_str(), attention_flash_bf16_path(),
               attention_flash_bf16_backward_path());
 }

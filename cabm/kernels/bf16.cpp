@@ -1,6 +1,7 @@
 #include "cabm/kernels/bf16.h"
 
 #include "cabm/core/error.h"
+#include "cabm/kernels/cpu_isa.h"
 
 #include <atomic>
 #include <cstdlib>
@@ -184,23 +185,93 @@ CABM_AVX512_BF16 void bf16_to_float_avx512(const bf16* src, float* dst, int64_t 
 
 #pragma GCC diagnostic pop
 
+// The same integer rules as the scalar conversion, 8 lanes at a time: round to nearest even by
+// adding 0x7fff plus the kept bit, NaN lanes quieted instead. For CPUs with AVX2 and no
+// avx512_bf16 (Zen 3, Skylake-X) and for CABM_NATIVE=OFF builds, where the portable loop would
+// run on SSE2 (or one value at a time).
+#define CABM_AVX2 __attribute__((target("avx2")))
+
+namespace {
+
+CABM_AVX2 inline __m256i round8(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i high = _mm256_srli_epi32(u, 16);
+  const __m256i lsb = _mm256_and_si256(high, _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+  const __m256i quiet = _mm256_or_si256(high, _mm256_set1_epi32(0x0040));
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  return _mm256_blendv_epi8(rounded, quiet, nan);  // 32-bit lanes, each < 2^16
+}
+
+}  // namespace
+
+CABM_AVX2 void float_to_bf16_avx2(const float* src, bf16* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    // packus works within 128-bit halves: (a0 b0 a1 b1) in 64-bit quarters, reordered to (a0 a1 b0 b1).
+    const __m256i packed = _mm256_packus_epi32(round8(_mm256_loadu_ps(src + i)), round8(_mm256_loadu_ps(src + i + 8)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_permute4x64_epi64(packed, 0xd8));
+  }
+  for (; i < n; ++i) dst[i] = cabm::float_to_bf16(src[i]);
+}
+
+CABM_AVX2 void bf16_to_float_avx2(const bf16* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  for (; i < n; ++i) dst[i] = cabm::bf16_to_float(src[i]);
+}
+
 #else
 
 void float_to_bf16_avx512(const float* src, bf16* dst, int64_t n) { float_to_bf16_portable(src, dst, n); }
 void bf16_to_float_avx512(const bf16* src, float* dst, int64_t n) { bf16_to_float_portable(src, dst, n); }
+void float_to_bf16_avx2(const float* src, bf16* dst, int64_t n) { float_to_bf16_portable(src, dst, n); }
+void bf16_to_float_avx2(const bf16* src, float* dst, int64_t n) { bf16_to_float_portable(src, dst, n); }
 
 #endif
 
 }  // namespace detail
 
+namespace {
+
+enum class ConversionPath { kPortable, kAvx2, kAvx512Bf16 };
+
+// avx512_bf16 with the bf16 kernels; else AVX2 where the SIMD set (cpu_isa.h, CABM_SIMD_ISA) is at
+// least AVX2, unless the portable bf16 path is forced.
+ConversionPath conversion_path() {
+  if (bf16_active_isa() == Bf16Isa::kAvx512Bf16) return ConversionPath::kAvx512Bf16;
+  if (!bf16_portable_forced() && simd_isa() != SimdIsa::kPortable) return ConversionPath::kAvx2;
+  return ConversionPath::kPortable;
+}
+
+}  // namespace
+
+const char* bf16_conversion_path_name() {
+  switch (conversion_path()) {
+    case ConversionPath::kAvx512Bf16: return "avx512_bf16";
+    case ConversionPath::kAvx2: return "avx2";
+    case ConversionPath::kPortable: break;
+  }
+  return "portable";
+}
+
 void float_to_bf16(const float* src, bf16* dst, int64_t n) {
-  if (bf16_active_isa() == Bf16Isa::kAvx512Bf16) detail::float_to_bf16_avx512(src, dst, n);
-  else detail::float_to_bf16_portable(src, dst, n);
+  switch (conversion_path()) {
+    case ConversionPath::kAvx512Bf16: return detail::float_to_bf16_avx512(src, dst, n);
+    case ConversionPath::kAvx2: return detail::float_to_bf16_avx2(src, dst, n);
+    case ConversionPath::kPortable: return detail::float_to_bf16_portable(src, dst, n);
+  }
 }
 
 void bf16_to_float(const bf16* src, float* dst, int64_t n) {
-  if (bf16_active_isa() == Bf16Isa::kAvx512Bf16) detail::bf16_to_float_avx512(src, dst, n);
-  else detail::bf16_to_float_portable(src, dst, n);
+  switch (conversion_path()) {
+    case ConversionPath::kAvx512Bf16: return detail::bf16_to_float_avx512(src, dst, n);
+    case ConversionPath::kAvx2: return detail::bf16_to_float_avx2(src, dst, n);
+    case ConversionPath::kPortable: return detail::bf16_to_float_portable(src, dst, n);
+  }
 }
 
 Tensor rounded_to_bf16(const Tensor& t) {

@@ -1,11 +1,13 @@
 // bfloat16 buffers: conversion to and from fp32, and the run-time choice of the instruction set
 // the bf16 kernels (conversion, gemm_bf16, attention_flash_bf16) use.
 //
-// Two paths, bit-for-bit identical for conversions:
+// Two paths for the bf16 kernels, bit-for-bit identical for conversions:
 //   avx512_bf16  AVX-512 F/BW/VL + BF16 (vcvtne2ps2bf16, vdpbf16ps); compiled with function-level
 //                target attributes, so the library builds for any x86-64 (CABM_NATIVE=OFF too),
 //                and chosen only when CPUID (and the OS's saved vector state) says it runs.
 //   portable     plain C++ on the scalar rules of cabm/core/dtype.h (the compiler may vectorise it).
+// Conversions have a third path, avx2 (integer AVX2, chosen without avx512_bf16 when the SIMD set
+// of cpu_isa.h is avx2 or wider and the portable path is not forced), equally bit-exact.
 // The choice is made once from CPUID; CABM_FORCE_PORTABLE=1 in the environment (read at first
 // use) or set_bf16_isa_override() forces the portable path, so tests can compare both.
 //
@@ -45,6 +47,8 @@ Bf16Isa bf16_active_isa();
 bool bf16_amx_active();
 // "avx512_bf16" or "portable": for `cabm bench` and benchmark labels.
 const char* bf16_path_name();
+// The conversions' path: "avx512_bf16", "avx2" or "portable".
+const char* bf16_conversion_path_name();
 // Whether the portable path is forced: set_bf16_isa_override(kPortable), or CABM_FORCE_PORTABLE=1
 // under kAuto. Kernels with a fast path for CPUs without avx512_bf16 (attention_flash_bf16's fp32
 // SIMD path) take it only when this is false, so that forced portable always means portable.
@@ -73,6 +77,9 @@ void float_to_bf16_portable(const float* src, bf16* dst, int64_t n);
 void bf16_to_float_portable(const bf16* src, float* dst, int64_t n);
 void float_to_bf16_avx512(const float* src, bf16* dst, int64_t n);
 void bf16_to_float_avx512(const bf16* src, float* dst, int64_t n);
+// May only be called when cpu_supports(SimdIsa::kAvx2).
+void float_to_bf16_avx2(const float* src, bf16* dst, int64_t n);
+void bf16_to_float_avx2(const bf16* src, float* dst, int64_t n);
 }  // namespace detail
 
 }  // namespace cabm

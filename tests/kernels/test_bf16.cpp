@@ -4,9 +4,12 @@
 #include "cabm/kernels/bf16.h"
 
 #include "cabm/core/error.h"
+#include "cabm/kernels/cpu_isa.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -123,16 +126,47 @@ TEST(Bf16Convert, Avx512MatchesScalar) {
   expect_widening_exact(detail::bf16_to_float_avx512, "avx512 widening");
 }
 
+TEST(Bf16Convert, Avx2MatchesScalar) {
+  if (!cpu_supports(SimdIsa::kAvx2)) GTEST_SKIP() << "CPU has no AVX2: the avx2 conversions are not testable here";
+  expect_matches_scalar(detail::float_to_bf16_avx2, special_patterns(), "avx2 specials");
+  expect_matches_scalar(detail::float_to_bf16_avx2, random_patterns(1 << 22, 3), "avx2 random");
+  expect_widening_exact(detail::bf16_to_float_avx2, "avx2 widening");
+}
+
+// Every conversion path this CPU has, through the dispatching functions: the bf16 override picks
+// avx512_bf16 or forces portable; under kAuto without avx512_bf16 the SIMD set picks avx2 or
+// portable.
 TEST(Bf16Convert, DispatchedMatchesScalarOnEveryPath) {
   const auto patterns = special_patterns();
+  std::vector<std::string> seen;
   for (Bf16Isa isa : {Bf16Isa::kPortable, Bf16Isa::kAvx512Bf16, Bf16Isa::kAuto}) {
-    if (isa == Bf16Isa::kAvx512Bf16 && !cpu_has_avx512_bf16()) continue;
-    set_bf16_isa_override(isa);
-    const std::string name = bf16_path_name();
-    expect_matches_scalar([](const float* s, bf16* d, int64_t n) { float_to_bf16(s, d, n); }, patterns, name);
-    expect_widening_exact([](const bf16* s, float* d, int64_t n) { bf16_to_float(s, d, n); }, name);
+    if (isa == Bf16Isa::kAvx512Bf16 && !cpu_has_avx512_bf16()) {
+      std::printf("skipped: bf16 override avx512_bf16 (CPU has no avx512_bf16)\n");
+      continue;
+    }
+    for (SimdIsa simd : {SimdIsa::kPortable, SimdIsa::kAvx2, SimdIsa::kAvx512}) {
+      if (!cpu_supports(simd)) {
+        std::printf("skipped: SIMD set %s (CPU lacks it)\n", simd_isa_name(simd));
+        continue;
+      }
+      set_bf16_isa_override(isa);
+      set_simd_isa_override(simd);
+      const std::string name = bf16_conversion_path_name();
+      seen.push_back(name);
+      const char* expected = isa == Bf16Isa::kPortable ? "portable"
+                             : isa == Bf16Isa::kAvx512Bf16 || cpu_has_avx512_bf16() ? "avx512_bf16"
+                             : simd == SimdIsa::kPortable ? "portable"
+                                                          : "avx2";
+      EXPECT_EQ(name, expected);
+      expect_matches_scalar([](const float* s, bf16* d, int64_t n) { float_to_bf16(s, d, n); }, patterns, name);
+      expect_widening_exact([](const bf16* s, float* d, int64_t n) { bf16_to_float(s, d, n); }, name);
+    }
   }
   set_bf16_isa_override(Bf16Isa::kAuto);
+  set_simd_isa_override(std::nullopt);
+  if (cpu_supports(SimdIsa::kAvx2) && !cpu_has_avx512_bf16()) {
+    EXPECT_NE(std::find(seen.begin(), seen.end(), "avx2"), seen.end()) << "the avx2 path was never taken";
+  }
 }
 
 TEST(Bf16Dispatch, OverrideSelectsPath) {
