@@ -94,17 +94,24 @@ void hf_run_batches(const HfEncoder& model, const std::vector<HfSequence>& seque
     return in;
   };
 
+  // One batch through the encoder, its outputs to `consume` and the progress (one stream at a
+  // time: the lock).
+  std::mutex mutex;
+  int64_t done = 0;
+  const auto run_batch = [&](int64_t k, HfEncoderCache& cache, std::vector<size_t>& indices) {
+    const HfInputs in = batch_inputs(k, indices);
+    const HfOutputs out = hf_outputs(model, hf_encoder_hidden(model, in, cache));
+    const std::lock_guard<std::mutex> lock(mutex);
+    consume(indices, out);
+    done += static_cast<int64_t>(indices.size());
+    if (options.progress) options.progress(done, static_cast<int64_t>(n));
+  };
+
   const int streams = hf_batch_streams(num_threads(), batches, options.streams);
-  if (streams == 1) {
+  if (streams == 1) {  // one batch at a time, each on every thread
     HfEncoderCache cache;
     std::vector<size_t> indices;
-    for (int64_t k = 0; k < batches; ++k) {
-      const HfInputs in = batch_inputs(k, indices);
-      consume(indices, hf_outputs(model, hf_encoder_hidden(model, in, cache)));  // no copy of the hidden state
-      if (options.progress)
-        options.progress(static_cast<int64_t>(std::min(n, static_cast<size_t>(k + 1) * batch)),
-                         static_cast<int64_t>(n));
-    }
+    for (int64_t k = 0; k < batches; ++k) run_batch(k, cache, indices);
     return;
   }
 
@@ -112,10 +119,8 @@ void hf_run_batches(const HfEncoder& model, const std::vector<HfSequence>& seque
   // parallel regions get one thread; gemm() and oneDNN run serially inside a parallel region), the
   // batches handed out one at a time in order, longest first, so the short ones at the end even
   // out the streams' loads.
-  std::mutex mutex;  // consume, progress, `done` and `error`
-  std::exception_ptr error;
+  std::exception_ptr error;  // the first, under `mutex`
   std::atomic<bool> failed{false};
-  int64_t done = 0;
 #pragma omp parallel num_threads(streams)
   {
     omp_set_num_threads(1);
@@ -125,12 +130,7 @@ void hf_run_batches(const HfEncoder& model, const std::vector<HfSequence>& seque
     for (int64_t k = 0; k < batches; ++k) {
       if (failed.load()) continue;
       try {
-        const HfInputs in = batch_inputs(k, indices);
-        const HfOutputs out = hf_outputs(model, hf_encoder_hidden(model, in, cache));
-        const std::lock_guard<std::mutex> lock(mutex);
-        consume(indices, out);
-        done += static_cast<int64_t>(indices.size());
-        if (options.progress) options.progress(done, static_cast<int64_t>(n));
+        run_batch(k, cache, indices);
       } catch (...) {
         const std::lock_guard<std::mutex> lock(mutex);
         if (!error) error = std::current_exception();
