@@ -3,6 +3,8 @@
 // (the contract in docs/tokenizers.md).
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "cli/hf_cli.h"
+#include "cli/progress.h"
 
 #include "cabm/core/error.h"
 #include "cabm/io/hf_tokenizer.h"
@@ -35,7 +37,10 @@ void run_tokenize(const TokenizeArgs& args) {
   const std::vector<std::string> lines = read_text_lines(args.input);
   std::vector<TokenizedText> encoded;
   encoded.reserve(lines.size());
+  // On a terminal, a progress line for inputs that take longer than a tenth of a second.
+  CountProgress progress("tokenize", static_cast<int64_t>(lines.size()), Progress::stderr_is_terminal());
   for (size_t i = 0; i < lines.size(); ++i) {
+    progress.update(static_cast<int64_t>(i));
     try {
       encoded.push_back(tokenizer.encode(lines[i], args.max_length));
     } catch (const UsageError&) {
@@ -44,6 +49,7 @@ void run_tokenize(const TokenizeArgs& args) {
       throw Error(fmt::format("{}: line {}: {}", args.input == "-" ? "standard input" : args.input, i + 1, e.what()));
     }
   }
+  progress.finish();
   write_safetensors(args.output, pad_batch(encoded, tokenizer.pad_id(), tokenizer.has_token_types()));
 }
 
