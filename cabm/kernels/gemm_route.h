@@ -4,7 +4,7 @@
 // there in session 10 with Debian's current libraries; on an Intel Xeon with AVX-512 it lost by
 // 2–30× on most of them. A threshold that was right on one was 4–6× wrong on the other.)
 //
-// The first product of a given form and size class (transposes; M, N, K each rounded up to a
+// The first product of a given form and class (transposes; M, N, K each rounded up to a
 // power of two; the exact leading dimensions; thread count) that is large enough to matter is timed on both
 // libraries, in alternation, and the faster one is kept for the rest of the process; OpenBLAS must win by 10% to be taken (oneDNN is
 // the default and the one cabm's bf16 products use). Smaller products always run on oneDNN.
