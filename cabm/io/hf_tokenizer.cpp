@@ -159,12 +159,10 @@ void HfTokenizer::Impl::encode_normalized(std::u32string_view text, bool first, 
   }
 }
 
-TokenizedText HfTokenizer::encode(std::string_view text, int64_t max_length) const {
-  const Impl& impl = *impl_;
+std::vector<int64_t> HfTokenizer::Impl::content_ids(std::string_view text) const {
   const std::u32string chars = unicode::decode_utf8(text, "input text");
   std::vector<const AddedToken*> raw_tokens, normalized_tokens;
-  for (const AddedToken& token : impl.added_tokens)
-    (token.normalized ? normalized_tokens : raw_tokens).push_back(&token);
+  for (const AddedToken& token : added_tokens) (token.normalized ? normalized_tokens : raw_tokens).push_back(&token);
 
   std::vector<int64_t> ids;
   for (const Segment& segment : split_added(chars, raw_tokens)) {
@@ -175,32 +173,77 @@ TokenizedText HfTokenizer::encode(std::string_view text, int64_t max_length) con
     const std::u32string_view piece = std::u32string_view(chars).substr(segment.begin, segment.end - segment.begin);
     // SentencePiece normalises inside the model; the others normalise here, then match the
     // normalised added tokens in the result.
-    const std::u32string normalized =
-        impl.model == Impl::Model::SentencePiece ? std::u32string(piece) : impl.normalize(piece);
+    const std::u32string normalized = model == Model::SentencePiece ? std::u32string(piece) : normalize(piece);
     for (const Segment& sub : split_added(normalized, normalized_tokens)) {
       if (sub.id >= 0)
         ids.push_back(sub.id);
       else
-        impl.encode_normalized(std::u32string_view(normalized).substr(sub.begin, sub.end - sub.begin),
-                               segment.begin == 0 && sub.begin == 0, ids);
+        encode_normalized(std::u32string_view(normalized).substr(sub.begin, sub.end - sub.begin),
+                          segment.begin == 0 && sub.begin == 0, ids);
     }
   }
+  return ids;
+}
 
-  const int64_t special = special_token_count();
-  const int64_t limit = max_length > 0 ? max_length : impl.max_length;
-  if (limit < special)
-    throw UsageError(fmt::format("max length {} is less than the {} special tokens {} adds to every input", limit,
-                                 special, impl.source));
-  if (static_cast<int64_t>(ids.size()) > limit - special) ids.resize(static_cast<size_t>(limit - special));
+namespace {
 
+// The post-processor's template over the (truncated) sequences.
+TokenizedText apply_template(const std::vector<TemplatePiece>& pieces, const std::vector<int64_t>& first,
+                             const std::vector<int64_t>& second) {
   TokenizedText out;
-  for (const TemplatePiece& piece : impl.single_template) {
-    const std::vector<int64_t>& add = piece.sequence ? ids : piece.ids;
+  for (const TemplatePiece& piece : pieces) {
+    const std::vector<int64_t>& add = !piece.sequence ? piece.ids : piece.second ? second : first;
     out.input_ids.insert(out.input_ids.end(), add.begin(), add.end());
     out.token_type_ids.insert(out.token_type_ids.end(), add.size(), piece.type_id);
   }
   out.attention_mask.assign(out.input_ids.size(), 1);
   return out;
+}
+
+// The room max_length leaves for content tokens once the template's special tokens are in.
+int64_t content_budget(const HfTokenizer& tok, int64_t max_length, bool pair, int64_t tokenizer_max,
+                       const std::string& source) {
+  const int64_t special = tok.special_token_count(pair);
+  const int64_t limit = max_length > 0 ? max_length : tokenizer_max;
+  if (limit < special)
+    throw UsageError(fmt::format("max length {} is less than the {} special tokens {} adds to every {}", limit, special,
+                                 source, pair ? "pair" : "input"));
+  return limit - special;
+}
+
+}  // namespace
+
+TokenizedText HfTokenizer::encode(std::string_view text, int64_t max_length) const {
+  const Impl& impl = *impl_;
+  std::vector<int64_t> ids = impl.content_ids(text);
+  const int64_t budget = content_budget(*this, max_length, false, impl.max_length, impl.source);
+  if (static_cast<int64_t>(ids.size()) > budget) ids.resize(static_cast<size_t>(budget));
+  return apply_template(impl.single_template, ids, {});
+}
+
+PairLengths longest_first_lengths(int64_t a, int64_t b, int64_t budget) {
+  CABM_CHECK(a >= 0 && b >= 0 && budget >= 0, "lengths {} and {}, budget {}", a, b, budget);
+  if (a + b <= budget) return {a, b};
+  const int64_t shorter = std::min(a, b);
+  int64_t keep_short = shorter, keep_long = budget - shorter;
+  if (shorter > budget - shorter) {  // both must be cut: halves, the odd token to the longer
+    keep_short = budget / 2;
+    keep_long = budget - keep_short;
+  }
+  // Ties count the first sequence as the shorter one.
+  return a > b ? PairLengths{keep_long, keep_short} : PairLengths{keep_short, keep_long};
+}
+
+TokenizedText HfTokenizer::encode_pair(std::string_view first, std::string_view second, int64_t max_length) const {
+  const Impl& impl = *impl_;
+  if (!impl.pair_template_error.empty()) throw Error(impl.pair_template_error);
+  std::vector<int64_t> a = impl.content_ids(first), b = impl.content_ids(second);
+  const int64_t budget = content_budget(*this, max_length, true, impl.max_length, impl.source);
+  const PairLengths keep =
+      longest_first_lengths(static_cast<int64_t>(a.size()), static_cast<int64_t>(b.size()), budget);
+  a.resize(static_cast<size_t>(keep.first));
+  b.resize(static_cast<size_t>(keep.second));
+  return apply_template(impl.pair_template, a, b);
 }
 
 int64_t HfTokenizer::pad_id() const {
@@ -216,9 +259,9 @@ const std::string& HfTokenizer::description() const {
   return impl_->description;
 }
 
-int64_t HfTokenizer::special_token_count() const {
+int64_t HfTokenizer::special_token_count(bool pair) const {
   int64_t n = 0;
-  for (const TemplatePiece& piece : impl_->single_template)
+  for (const TemplatePiece& piece : pair ? impl_->pair_template : impl_->single_template)
     if (!piece.sequence) n += static_cast<int64_t>(piece.ids.size());
   return n;
 }

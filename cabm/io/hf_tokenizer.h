@@ -27,10 +27,23 @@
 namespace cabm {
 
 // One input, unpadded, special tokens added, truncated. token_type_ids and attention_mask have
-// the length of input_ids (all 0 and all 1 for a single input).
+// the length of input_ids (attention_mask all 1; token_type_ids as the post-processor's template
+// gives them: all 0 for a single input, 0…0 1…1 for a BERT pair).
 struct TokenizedText {
   std::vector<int64_t> input_ids, token_type_ids, attention_mask;
 };
+
+// How many content tokens of a pair's two sequences (lengths a and b) the tokenizers library
+// keeps with TruncationStrategy::LongestFirst for `budget` = max_length less the pair's special
+// tokens (tokenizers' truncate_encodings; docs/tokenizers.md says it in words):
+//   a + b <= budget: both whole. Else, with s = min(a, b) and l = max(a, b): if s <= budget − s,
+//   the shorter stays whole and the longer keeps budget − s; otherwise the shorter keeps
+//   ⌊budget/2⌋ and the longer ⌈budget/2⌉ (a tie: the first sequence is "the shorter").
+// Each sequence is cut from its end (the default direction, right).
+struct PairLengths {
+  int64_t first = 0, second = 0;
+};
+PairLengths longest_first_lengths(int64_t a, int64_t b, int64_t budget);
 
 class HfTokenizer {
  public:
@@ -46,6 +59,15 @@ class HfTokenizer {
   // tokens included, holds at most max_length ids; a max_length below special_token_count() is
   // a cabm::UsageError.
   TokenizedText encode(std::string_view text, int64_t max_length) const;
+  // A pair of texts (a query and a passage, two sentences), as transformers' fast tokenizer
+  // encodes `tok(texts, text_pairs, truncation=True)`: each text tokenised on its own, the two
+  // truncated together to max_length less special_token_count(true) with longest_first
+  // (longest_first_lengths), then the post-processor's pair template ([CLS] A [SEP] B [SEP] with
+  // token types 0 then 1 for BERT; <s> A </s></s> B </s> for RoBERTa and XLM-R). An empty text
+  // is an empty sequence, still a pair. max_length as for encode(); below
+  // special_token_count(true) it is a cabm::UsageError. A tokenizer.json whose post-processor has
+  // no usable 'pair' template is a cabm::Error naming it.
+  TokenizedText encode_pair(std::string_view first, std::string_view second, int64_t max_length) const;
 
   int64_t pad_id() const;
   // Whether the model takes token_type_ids (transformers' model_input_names: BERT yes;
@@ -55,7 +77,8 @@ class HfTokenizer {
   // max_position_embeddings (less the position offset of RoBERTa-style models); without
   // either, no limit (INT64_MAX).
   int64_t max_length() const;
-  int64_t special_token_count() const;     // ids the post-processor adds to one input
+  // Ids the post-processor adds to one input, or to a pair.
+  int64_t special_token_count(bool pair = false) const;
   const std::string& description() const;  // e.g. "WordPiece (tokenizer.json)", for messages
 
   struct Impl;

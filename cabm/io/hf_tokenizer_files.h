@@ -61,6 +61,12 @@ bool is_bert_like(const Configs& c);
 bool is_roberta_like(const Configs& c);
 AddedToken special(const std::string& content, int64_t id, bool lstrip = false);
 std::vector<TemplatePiece> wrap_template(int64_t first, int64_t last);  // first $A last
+// A pair as BERT has it: cls $A sep $B sep, type ids 0 through the first sep, 1 after it
+// (BertProcessing; transformers' BertConverter's template).
+std::vector<TemplatePiece> bert_pair_template(int64_t cls, int64_t sep);
+// A pair as RoBERTa and XLM-R have it: cls $A sep sep $B sep, type ids all 0 (RobertaProcessing;
+// transformers' XLMRobertaConverter's template, which gives no type ids).
+std::vector<TemplatePiece> roberta_pair_template(int64_t cls, int64_t sep);
 int64_t vocab_id(const std::unordered_map<std::string, int64_t>& vocab, const std::string& token,
                  const std::string& file);
 std::unordered_map<std::string, int64_t> read_vocab_object(const json& vocab, const std::string& file);

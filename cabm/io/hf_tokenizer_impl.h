@@ -35,10 +35,11 @@ struct NormalizerStep {
   bool replace_space_runs = false;          // the regex " {2,}" (runs of two spaces or more)
 };
 
-// One element of the post-processor's template for a single input: a special token's ids, or
-// the sequence.
+// One element of the post-processor's template: a special token's ids, or a sequence ($A, or $B
+// in a pair's template), with the type id its tokens get.
 struct TemplatePiece {
   bool sequence = false;
+  bool second = false;  // the sequence is $B
   std::vector<int64_t> ids;
   int64_t type_id = 0;
 };
@@ -57,7 +58,11 @@ struct HfTokenizer::Impl {
   UnigramModel unigram;
   std::optional<SentencePieceModel> sentencepiece;
   std::vector<AddedToken> added_tokens;  // longest first
-  std::vector<TemplatePiece> single_template;
+  // Without a post-processor the tokenizers library adds nothing and keeps each sequence's own
+  // type id (0 for the first, 1 for the second): these defaults.
+  std::vector<TemplatePiece> single_template{{true, false, {}, 0}};
+  std::vector<TemplatePiece> pair_template{{true, false, {}, 0}, {true, true, {}, 1}};
+  std::string pair_template_error;  // non-empty: why pairs cannot be encoded (a bad 'pair' template)
   int64_t pad_id = 0;
   bool token_types = true;
   int64_t max_length = 0;  // INT64_MAX: no limit
@@ -65,6 +70,9 @@ struct HfTokenizer::Impl {
   std::string source;  // the directory, for messages
 
   std::u32string normalize(std::u32string_view text) const;
+  // The model's ids of one text (added tokens, normaliser, pre-tokeniser, model), before the
+  // post-processor; `text` must be valid UTF-8.
+  std::vector<int64_t> content_ids(std::string_view text) const;
   // Pre-tokenizes and runs the model on a normalised piece; `first`: the piece starts the input.
   void encode_normalized(std::u32string_view text, bool first, std::vector<int64_t>& ids) const;  // appends
 };

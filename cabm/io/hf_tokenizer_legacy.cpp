@@ -77,7 +77,23 @@ AddedToken special(const std::string& content, int64_t id, bool lstrip) {
 }
 
 std::vector<TemplatePiece> wrap_template(int64_t first, int64_t last) {
-  return {{false, {first}, 0}, {true, {}, 0}, {false, {last}, 0}};
+  return {{false, false, {first}, 0}, {true, false, {}, 0}, {false, false, {last}, 0}};
+}
+
+std::vector<TemplatePiece> bert_pair_template(int64_t cls, int64_t sep) {
+  return {{false, false, {cls}, 0},
+          {true, false, {}, 0},
+          {false, false, {sep}, 0},
+          {true, true, {}, 1},
+          {false, false, {sep}, 1}};
+}
+
+std::vector<TemplatePiece> roberta_pair_template(int64_t cls, int64_t sep) {
+  return {{false, false, {cls}, 0},
+          {true, false, {}, 0},
+          {false, false, {sep, sep}, 0},
+          {true, true, {}, 0},
+          {false, false, {sep}, 0}};
 }
 
 int64_t vocab_id(const std::unordered_map<std::string, int64_t>& vocab, const std::string& token,
@@ -163,6 +179,7 @@ void load_sentencepiece(HfTokenizer::Impl& impl, const Configs& c) {
                        special("</s>", SentencePieceModel::kEos), special("<unk>", SentencePieceModel::kUnk),
                        special(mask, spm.piece_count() + SentencePieceModel::kFairseqOffset, true)};
   impl.single_template = wrap_template(SentencePieceModel::kBos, SentencePieceModel::kEos);
+  impl.pair_template = roberta_pair_template(SentencePieceModel::kBos, SentencePieceModel::kEos);
   impl.pad_id = SentencePieceModel::kPad;
   impl.description = "SentencePiece (" + path.string() + ")";
   if (spm.is_unigram() && mask == "<mask>") {
@@ -194,8 +211,10 @@ void load_vocab_txt(HfTokenizer::Impl& impl, const Configs& c) {
     if (const auto it = wp.vocab.find(content); it != wp.vocab.end())
       impl.added_tokens.push_back(special(content, it->second));
   }
-  impl.single_template = wrap_template(vocab_id(wp.vocab, config_token_or(c, "cls_token", "[CLS]"), file),
-                                       vocab_id(wp.vocab, config_token_or(c, "sep_token", "[SEP]"), file));
+  const int64_t cls = vocab_id(wp.vocab, config_token_or(c, "cls_token", "[CLS]"), file);
+  const int64_t sep = vocab_id(wp.vocab, config_token_or(c, "sep_token", "[SEP]"), file);
+  impl.single_template = wrap_template(cls, sep);
+  impl.pair_template = bert_pair_template(cls, sep);
   impl.description = "WordPiece (" + file + ")";
 }
 
@@ -243,6 +262,8 @@ void load_bpe_files(HfTokenizer::Impl& impl, const Configs& c) {
     if (!duplicate) impl.added_tokens.push_back(special(content, it->second, k == "mask_token"));
   }
   impl.single_template = wrap_template(vocab_id(bpe.vocab, cls, vocab_file), vocab_id(bpe.vocab, sep, vocab_file));
+  impl.pair_template =
+      roberta_pair_template(vocab_id(bpe.vocab, cls, vocab_file), vocab_id(bpe.vocab, sep, vocab_file));
   impl.description = "byte-level BPE (" + vocab_file + ", " + merges_file + ")";
 }
 

@@ -115,45 +115,65 @@ void parse_pre_tokenizer(const json& p, const std::string& file, HfTokenizer::Im
   }
 }
 
-// TemplateProcessing / RobertaProcessing / BertProcessing / ByteLevel → the single template.
+// One of TemplateProcessing's templates ("single" or "pair"): special tokens and sequences. Each
+// sequence may appear once (truncation leaves room for the special tokens only, so a second copy
+// would exceed max_length); "single" holds A only, "pair" A and B (the library drops one it
+// lacks). A problem is returned as a message, empty when there is none.
+std::string parse_template(const json& items, const json& specials, const std::string& file, const std::string& key,
+                           std::vector<TemplatePiece>& pieces) {
+  pieces.clear();
+  if (!items.is_array()) return fmt::format("{}: post_processor's '{}' template is not a list", file, key);
+  for (const json& item : items) {
+    TemplatePiece piece;
+    if (item.contains("Sequence")) {
+      const std::string id = item["Sequence"].value("id", std::string("A"));
+      if (id != "A" && (id != "B" || key == "single"))
+        return fmt::format("{}: post_processor's '{}' template uses sequence '{}'; only {} an input", file, key, id,
+                           key == "single" ? "A is" : "A and B are");
+      piece.sequence = true;
+      piece.second = id == "B";
+      for (const TemplatePiece& earlier : pieces)
+        if (earlier.sequence && earlier.second == piece.second)
+          return fmt::format("{}: post_processor's '{}' template holds the sequence more than once", file, key);
+      piece.type_id = integer_or(item.at("Sequence"), "type_id", 0, file, 0, kInt64Max);
+    } else {
+      const json& s = item.at("SpecialToken");
+      const std::string name = s.at("id").get<std::string>();
+      if (!specials.contains(name))
+        throw Error(fmt::format("{}: post_processor uses special token '{}' that it does not define", file, name));
+      const json& ids = specials[name].at("ids");
+      if (!ids.is_array())
+        throw Error(fmt::format("{}: post_processor special token '{}': ids is not an array", file, name));
+      for (const json& id : ids)
+        piece.ids.push_back(json_integer(id, file, "post_processor special token id", 0, kInt64Max));
+      piece.type_id = integer_or(s, "type_id", 0, file, 0, kInt64Max);
+    }
+    pieces.push_back(piece);
+  }
+  return "";
+}
+
+// TemplateProcessing / RobertaProcessing / BertProcessing / ByteLevel → the single and pair
+// templates.
 void parse_post_processor(const json& p, const std::string& file, HfTokenizer::Impl& impl, int depth = 0) {
   check_nesting(depth, file);
   if (p.is_null()) return;
   const std::string type = get_or<std::string>(p, "type", "");
   if (type == "RobertaProcessing" || type == "BertProcessing") {
-    impl.single_template = wrap_template(json_integer(p.at("cls").at(1), file, "post_processor cls id", 0, kInt64Max),
-                                         json_integer(p.at("sep").at(1), file, "post_processor sep id", 0, kInt64Max));
+    const int64_t cls = json_integer(p.at("cls").at(1), file, "post_processor cls id", 0, kInt64Max);
+    const int64_t sep = json_integer(p.at("sep").at(1), file, "post_processor sep id", 0, kInt64Max);
+    impl.single_template = wrap_template(cls, sep);
+    impl.pair_template = type == "BertProcessing" ? bert_pair_template(cls, sep) : roberta_pair_template(cls, sep);
+    impl.pair_template_error.clear();
   } else if (type == "TemplateProcessing") {
-    impl.single_template.clear();
     const json& specials = p.at("special_tokens");
-    for (const json& item : p.at("single")) {
-      TemplatePiece piece;
-      if (item.contains("Sequence")) {
-        // A single input's template holds its sequence once, as $A: truncation reserves room
-        // for the special tokens only (a second copy, or $B, would exceed max_length).
-        const std::string id = item["Sequence"].value("id", std::string("A"));
-        if (id != "A")
-          throw Error(fmt::format("{}: post_processor's 'single' template uses sequence '{}'; only A is an input",
-                                  file, id));
-        for (const TemplatePiece& earlier : impl.single_template)
-          if (earlier.sequence)
-            throw Error(fmt::format("{}: post_processor's 'single' template holds the sequence more than once", file));
-        piece.sequence = true;
-        piece.type_id = integer_or(item.at("Sequence"), "type_id", 0, file, 0, kInt64Max);
-      } else {
-        const json& s = item.at("SpecialToken");
-        const std::string name = s.at("id").get<std::string>();
-        if (!specials.contains(name))
-          throw Error(fmt::format("{}: post_processor uses special token '{}' that it does not define", file, name));
-        const json& ids = specials[name].at("ids");
-        if (!ids.is_array())
-          throw Error(fmt::format("{}: post_processor special token '{}': ids is not an array", file, name));
-        for (const json& id : ids)
-          piece.ids.push_back(json_integer(id, file, "post_processor special token id", 0, kInt64Max));
-        piece.type_id = integer_or(s, "type_id", 0, file, 0, kInt64Max);
-      }
-      impl.single_template.push_back(piece);
-    }
+    if (const std::string error = parse_template(p.at("single"), specials, file, "single", impl.single_template);
+        !error.empty())
+      throw Error(error);
+    // A bad pair template does not stop single inputs; pairs are refused with its message.
+    impl.pair_template_error = p.contains("pair")
+                                   ? parse_template(p["pair"], specials, file, "pair", impl.pair_template)
+                                   : fmt::format("{}: post_processor has no 'pair' template", file);
   } else if (type == "Sequence") {
     for (const json& inner : p.at("processors")) parse_post_processor(inner, file, impl, depth + 1);
   } else if (type != "ByteLevel") {  // ByteLevel post-processing only trims offsets
@@ -403,9 +423,10 @@ HfTokenizer HfTokenizer::finish(std::shared_ptr<Impl> impl) {
   // Longest first: the leftmost match is the longest one (tokenizers' LeftmostLongest).
   std::stable_sort(impl->added_tokens.begin(), impl->added_tokens.end(),
                    [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
-  for (const TemplatePiece& piece : impl->single_template)
-    for (const int64_t id : piece.ids)
-      if (id < 0) throw Error(fmt::format("{}: special token id {} is negative", impl->source, id));
+  for (const auto* pieces : {&impl->single_template, &impl->pair_template})
+    for (const TemplatePiece& piece : *pieces)
+      for (const int64_t id : piece.ids)
+        if (id < 0) throw Error(fmt::format("{}: special token id {} is negative", impl->source, id));
   HfTokenizer tokenizer;
   tokenizer.impl_ = std::move(impl);
   return tokenizer;

@@ -1,7 +1,8 @@
 // Bytes → a Hugging Face tokenizer.json, read as `cabm tokenize` reads one
 // (HfTokenizer::from_tokenizer_json: the same parser as HfTokenizer::load), then a few texts
-// encoded with it, among them the input's own bytes. Every failure must be a cabm::Error; an
-// encoding must keep its three vectors the same length and within the maximum asked for.
+// encoded with it, among them the input's own bytes, alone and in a pair. Every failure must be
+// a cabm::Error; an encoding must keep its three vectors the same length and within the maximum
+// asked for.
 #include "cabm/io/hf_tokenizer.h"
 #include "tests/fuzz/fuzz_util.h"
 
@@ -21,6 +22,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             cabm::fuzz::invariant_failed("input_ids, token_type_ids and attention_mask differ in length");
           if (max_length > 0 && static_cast<int64_t>(t.input_ids.size()) > max_length)
             cabm::fuzz::invariant_failed("an encoding longer than max_length");
+        });
+        cabm::fuzz::run([&] {  // the input as the first and as the second text of a pair
+          for (const cabm::TokenizedText& t :
+               {tok.encode_pair(input, "second text", max_length), tok.encode_pair("first", input, max_length)}) {
+            if (t.token_type_ids.size() != t.input_ids.size() || t.attention_mask.size() != t.input_ids.size())
+              cabm::fuzz::invariant_failed("a pair's input_ids, token_type_ids and attention_mask differ in length");
+            if (max_length > 0 && static_cast<int64_t>(t.input_ids.size()) > max_length)
+              cabm::fuzz::invariant_failed("a pair's encoding longer than max_length");
+          }
         });
       }
     }

@@ -1,0 +1,148 @@
+// Sentence pairs through the Hugging Face tokenizers (HfTokenizer::encode_pair), against what
+// transformers' fast tokenizers and the tokenizers library returned
+// (tests/fixtures/hf_make_tokenizers.py): every tokenizer family's pair template over random and
+// edge-case pairs of the hard strings at many max_lengths (longest_first truncation), the
+// truncation rule measured length by length, and other post-processors.
+#include "cabm/core/error.h"
+#include "cabm/io/hf_tokenizer.h"
+#include "cabm/io/safetensors.h"
+
+#include "util/test_util.h"
+
+#include <nlohmann/json.hpp>
+
+namespace cabm {
+namespace {
+
+using nlohmann::json;
+
+std::string hf_dir() {
+  return std::string(CABM_HF_FIXTURES_DIR) + "/tokenizers";
+}
+
+const json& expected() {
+  static const json doc = json::parse(test::read_file(hf_dir() + "/expected.json"));
+  return doc;
+}
+
+std::vector<int64_t> row(const Tensor& t, int64_t i) {
+  const int64_t T = t.shape()[1];
+  const int64_t* p = t.data<int64_t>() + i * T;
+  return std::vector<int64_t>(p, p + T);
+}
+
+// Two I64 [n, T] tensors equal row by row (the failure names the pair and its texts).
+void expect_rows_equal(const Tensor& got, const Tensor& want, const std::string& what) {
+  SCOPED_TRACE(what);
+  ASSERT_EQ(got.dtype(), DType::I64);
+  ASSERT_EQ(got.shape(), want.shape());
+  const json& pairs = expected()["pairs"];
+  for (int64_t i = 0; i < want.shape()[0]; ++i)
+    EXPECT_EQ(row(got, i), row(want, i)) << "pair " << i + 1 << ": " << pairs[static_cast<size_t>(i)].dump()
+                                         << "\n  cabm:         " << json(row(got, i)).dump()
+                                         << "\n  transformers: " << json(row(want, i)).dump();
+}
+
+// The lengths tokenizers' truncate_encodings kept of a words "a" and b words "b" for every
+// max_length from 3 to 21 (bert_uncased: one token each, 3 special tokens around a pair).
+TEST(HfPairs, LongestFirstKeepsWhatTheLibraryKeeps) {
+  const json& rows = expected().at("longest_first");
+  ASSERT_GE(rows.size(), 3000u);
+  for (const json& r : rows) {
+    const int64_t a = r[0], b = r[1], max_length = r[2];
+    const PairLengths got = longest_first_lengths(a, b, max_length - 3);
+    EXPECT_EQ(got.first, r[3].get<int64_t>()) << r.dump();
+    EXPECT_EQ(got.second, r[4].get<int64_t>()) << r.dump();
+  }
+}
+
+TEST(HfPairs, EveryFamilyMatchesTransformers) {
+  std::vector<std::string> firsts, seconds;
+  for (const json& p : expected().at("pairs")) {
+    firsts.push_back(p[0]);
+    seconds.push_back(p[1]);
+  }
+  ASSERT_GE(firsts.size(), 50u);
+  int compared = 0;
+  for (const auto& [name, entry] : expected().at("tokenizers").items()) {
+    SCOPED_TRACE(name);
+    const HfTokenizer tok = HfTokenizer::load(entry.at("dir").get<std::string>());
+    const int64_t special = entry.at("pair_special");
+    EXPECT_EQ(tok.special_token_count(true), special);
+    const SafetensorsFile want = read_safetensors(hf_dir() + "/" + name + ".pairs.safetensors");
+    for (const int64_t max_length : entry.at("pair_max_lengths").get<std::vector<int64_t>>()) {
+      std::vector<TokenizedText> encoded;
+      for (size_t i = 0; i < firsts.size(); ++i) encoded.push_back(tok.encode_pair(firsts[i], seconds[i], max_length));
+      const std::map<std::string, Tensor> got = pad_batch(encoded, tok.pad_id(), true);
+      for (const char* key : {"input_ids", "token_type_ids", "attention_mask"})
+        expect_rows_equal(got.at(key), want.get(std::string(key) + "@" + std::to_string(max_length)),
+                          std::string(key) + ", max_length " + std::to_string(max_length));
+      ++compared;
+    }
+    // No room for the special tokens: a usage error, as for one input (the library would not
+    // truncate at all: its max_length − special tokens wraps around).
+    EXPECT_THROW(tok.encode_pair("a", "b", special - 1), UsageError);
+  }
+  EXPECT_GE(compared, 13 * 10);
+}
+
+// bert_uncased's tokenizer.json with another post-processor, against the tokenizers library.
+TEST(HfPairs, PostProcessorsOfTokenizerJson) {
+  std::vector<std::string> firsts, seconds;
+  for (const json& p : expected().at("pairs")) {
+    firsts.push_back(p[0]);
+    seconds.push_back(p[1]);
+  }
+  const json& variants = expected().at("processor_variants");
+  ASSERT_EQ(variants.size(), 4u);
+  for (const auto& [name, entry] : variants.items()) {
+    SCOPED_TRACE(name);
+    const std::string file = entry.at("file");
+    const HfTokenizer tok = HfTokenizer::from_tokenizer_json(test::read_file(file), file);
+    EXPECT_EQ(tok.special_token_count(true), entry.at("added_pair").get<int64_t>());
+    const std::pair<std::string, int64_t> runs[] = {{"whole", 0}, {"max_9", 9}};
+    for (const auto& [key, max_length] : runs) {
+      const json& want = entry.at(key);
+      for (size_t i = 0; i < want.at("input_ids").size(); ++i) {
+        const TokenizedText t = tok.encode_pair(firsts[i], seconds[i], max_length);
+        EXPECT_EQ(json(t.input_ids), want["input_ids"][i]) << key << ", pair " << i + 1;
+        EXPECT_EQ(json(t.token_type_ids), want["type_ids"][i]) << key << ", pair " << i + 1;
+        EXPECT_EQ(t.attention_mask, std::vector<int64_t>(t.input_ids.size(), 1));
+      }
+    }
+  }
+}
+
+// A 'pair' template cabm cannot follow does not stop single inputs; pairs are refused naming it.
+TEST(HfPairs, BadPairTemplatesRefusePairsOnly) {
+  const auto with_pair = [](const std::string& pair) {
+    return R"({"model": {"type": "WordPiece", "unk_token": "[UNK]", "vocab": {"[UNK]": 0, "[CLS]": 1, "a": 2}},
+               "pre_tokenizer": {"type": "BertPreTokenizer"}, "post_processor": {"type": "TemplateProcessing",
+               "single": [{"SpecialToken": {"id": "[CLS]"}}, {"Sequence": {"id": "A"}}],)" +
+           pair + R"("special_tokens": {"[CLS]": {"id": "[CLS]", "ids": [1], "tokens": ["[CLS]"]}}}})";
+  };
+  const struct {
+    std::string pair, message;
+  } cases[] = {
+      {"", "t.json: post_processor has no 'pair' template"},
+      {R"("pair": [{"Sequence": {"id": "A"}}, {"Sequence": {"id": "A"}}, {"Sequence": {"id": "B"}}],)",
+       "t.json: post_processor's 'pair' template holds the sequence more than once"},
+      {R"("pair": [{"Sequence": {"id": "C"}}],)", "uses sequence 'C'"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.pair);
+    const HfTokenizer tok = HfTokenizer::from_tokenizer_json(with_pair(c.pair), "t.json");
+    EXPECT_EQ(tok.encode("a a", 0).input_ids, (std::vector<int64_t>{1, 2, 2}));
+    EXPECT_NE(test::error_of([&] { tok.encode_pair("a", "a", 0); }).find(c.message), std::string::npos)
+        << test::error_of([&] { tok.encode_pair("a", "a", 0); });
+  }
+  // A pair template without $B: the library drops the second text (after truncating it).
+  const HfTokenizer only_a = HfTokenizer::from_tokenizer_json(
+      with_pair(R"("pair": [{"SpecialToken": {"id": "[CLS]"}}, {"Sequence": {"id": "A", "type_id": 1}}],)"), "t.json");
+  const TokenizedText t = only_a.encode_pair("a a a", "a a", 4);
+  EXPECT_EQ(t.input_ids, (std::vector<int64_t>{1, 2, 2}));
+  EXPECT_EQ(t.token_type_ids, (std::vector<int64_t>{0, 1, 1}));
+}
+
+}  // namespace
+}  // namespace cabm
