@@ -23,7 +23,8 @@ namespace {
 struct ClassifyArgs {
   std::string model;
   std::string input;
-  std::string output;  // "": print only
+  std::string pair_input;  // "": single texts
+  std::string output;      // "": print only
   int64_t top_k = 1;
   int64_t max_length = 0;
   int64_t batch_size = 32;
@@ -35,7 +36,7 @@ struct ClassifyArgs {
 void run_classify(const ClassifyArgs& args) {
   apply_threads(args.threads_option, args.threads);
   const Precision precision = parse_precision(args.precision);
-  const HfJob job = load_hf_job(args.model, args.input, args.max_length, 0, precision);
+  const HfJob job = load_hf_job(args.model, args.input, args.pair_input, args.max_length, 0, precision);
   const HfEncoder& model = job.model;
   if (!model.has_classifier())
     throw Error(
@@ -79,12 +80,14 @@ void register_classify(CLI::App& app) {
   cmd->add_option("--model", args->model, "model directory: config.json (id2label), model.safetensors, tokenizer")
       ->required();
   cmd->add_option("--input", args->input, "UTF-8 text, one input per line ('-': standard input)")->required();
+  add_pair_input_option(cmd, args->pair_input);
   cmd->add_option("--output", args->output, "safetensors file to write: logits F32 [n, num_labels]");
   cmd->add_option("--top-k", args->top_k, "labels printed per input, most probable first (default 1)")
       ->check(integer_in(1, int64_t{1} << 31));
-  cmd->add_option("--max-length", args->max_length,
-                  "truncate each input to N tokens, special tokens included (default: the tokenizer's "
-                  "model_max_length)")
+  cmd->add_option(
+         "--max-length", args->max_length,
+         "truncate each input (a pair as a whole) to N tokens, special tokens included (default: the tokenizer's "
+         "model_max_length)")
       ->check(integer_in(1, kHfMaxLength));
   cmd->add_option("--batch-size", args->batch_size, "texts per batch, sorted by length (default 32)")
       ->check(integer_in(1, kHfMaxBatch));

@@ -21,6 +21,7 @@ namespace {
 struct EmbedArgs {
   std::string model;
   std::string input;
+  std::string pair_input;  // "": single texts
   std::string output;
   std::string pooling;  // "": the directory's sentence-transformers modules, else mean
   bool normalize = false;
@@ -32,6 +33,7 @@ struct EmbedArgs {
 };
 
 void run_embed(const EmbedArgs& args) {
+  check_pair_input(args.input, args.pair_input);
   apply_threads(args.threads_option, args.threads);
   const Precision precision = parse_precision(args.precision);
   // --pooling overrides the directory's sentence-transformers modules (which are then not read).
@@ -45,7 +47,7 @@ void run_embed(const EmbedArgs& args) {
   }
   if (pooling == HfPooling::kNone && args.normalize)
     throw UsageError("--normalize needs --pooling mean or cls (--pooling none writes the hidden states as they are)");
-  const HfJob job = load_hf_job(args.model, args.input, args.max_length,
+  const HfJob job = load_hf_job(args.model, args.input, args.pair_input, args.max_length,
                                 read_sentence_transformers_max_length(args.model), precision);
   const int64_t n = static_cast<int64_t>(job.sequences.size());
   CountProgress progress("embed", n, n > args.batch_size && Progress::stderr_is_terminal());
@@ -74,6 +76,7 @@ void register_embed(CLI::App& app) {
   cmd->add_option("--model", args->model, "model directory: config.json, model.safetensors and tokenizer files")
       ->required();
   cmd->add_option("--input", args->input, "UTF-8 text, one input per line ('-': standard input)")->required();
+  add_pair_input_option(cmd, args->pair_input);
   cmd->add_option("--output", args->output,
                   "safetensors file to write: embeddings F32 [n, E] (--pooling none: last_hidden_state F32 [n, T, E] "
                   "and attention_mask I64 [n, T])")
@@ -84,7 +87,8 @@ void register_embed(CLI::App& app) {
       ->check(accepted_by([](const std::string& s) { parse_pooling(s); }, "mean, cls or none"));
   cmd->add_flag("--normalize", args->normalize, "divide each embedding by its L2 norm");
   cmd->add_option("--max-length", args->max_length,
-                  "truncate each input to N tokens, special tokens included (default: sentence_bert_config.json's "
+                  "truncate each input (a pair as a whole) to N tokens, special tokens included (default: "
+                  "sentence_bert_config.json's "
                   "max_seq_length, else the tokenizer's model_max_length)")
       ->check(integer_in(1, kHfMaxLength));
   cmd->add_option("--batch-size", args->batch_size,

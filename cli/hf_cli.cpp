@@ -11,21 +11,46 @@
 
 namespace cabm::cli {
 
-HfJob load_hf_job(const std::string& model_dir, const std::string& input, int64_t max_length, int64_t default_length,
-                  Precision precision) {
+void check_pair_input(const std::string& input, const std::string& pair_input) {
+  if (input == "-" && pair_input == "-")
+    throw UsageError("--input and --pair-input cannot both be '-': standard input can be read only once");
+}
+
+HfTexts read_hf_texts(const std::string& input, const std::string& pair_input) {
+  check_pair_input(input, pair_input);
+  const auto name = [](const std::string& path) { return path == "-" ? std::string("standard input") : path; };
+  HfTexts out{read_text_lines(input), {}, name(input)};
+  if (pair_input.empty()) return out;
+  out.pairs = read_text_lines(pair_input);
+  if (out.pairs.size() != out.texts.size())
+    throw Error(fmt::format("--input {} has {} lines but --pair-input {} has {}: line i of each is input i",
+                            name(input), out.texts.size(), name(pair_input), out.pairs.size()));
+  return out;
+}
+
+void add_pair_input_option(CLI::App* cmd, std::string& pair_input) {
+  cmd->add_option("--pair-input", pair_input,
+                  "UTF-8 text, the second text of each input (sentence pairs, query and passage): line i pairs with "
+                  "line i of --input, as transformers' tok(texts, text_pairs); same line rules, '-': standard input "
+                  "(not both); --max-length counts the pair as a whole");
+}
+
+HfJob load_hf_job(const std::string& model_dir, const std::string& input, const std::string& pair_input,
+                  int64_t max_length, int64_t default_length, Precision precision) {
+  check_pair_input(input, pair_input);
+  const bool pair = !pair_input.empty();
   HfEncoder model = load_hf_encoder(model_dir);
   if (max_length > model.config.max_tokens())
     throw UsageError(fmt::format("--max-length {} is more than the {} positions of {}", max_length,
                                  model.config.max_tokens(), model.config.path));
   set_precision(model, precision);
   HfTokenizer tokenizer = HfTokenizer::load(model_dir);
-  if (max_length > 0 && max_length < tokenizer.special_token_count())
-    throw UsageError(fmt::format("--max-length {} leaves no room for the {} special tokens of {}", max_length,
-                                 tokenizer.special_token_count(), model_dir));
+  if (max_length > 0 && max_length < tokenizer.special_token_count(pair))
+    throw UsageError(fmt::format("--max-length {} leaves no room for the {} special tokens of {}{}", max_length,
+                                 tokenizer.special_token_count(pair), model_dir, pair ? " around a pair" : ""));
   const int64_t length = max_length > 0 ? max_length : default_length;
-  const std::vector<std::string> lines = read_text_lines(input);
-  std::vector<HfSequence> sequences =
-      hf_tokenize(tokenizer, model, lines, length, input == "-" ? "standard input" : input);
+  const HfTexts texts = read_hf_texts(input, pair_input);
+  std::vector<HfSequence> sequences = hf_tokenize(tokenizer, model, texts.texts, texts.pairs, length, texts.source);
   return HfJob{std::move(model), std::move(tokenizer), std::move(sequences)};
 }
 

@@ -17,15 +17,18 @@
 namespace cabm {
 
 std::vector<HfSequence> hf_tokenize(const HfTokenizer& tokenizer, const HfEncoder& model,
-                                    const std::vector<std::string>& texts, int64_t max_length,
-                                    const std::string& source) {
+                                    const std::vector<std::string>& texts, const std::vector<std::string>& pairs,
+                                    int64_t max_length, const std::string& source) {
+  if (!pairs.empty() && pairs.size() != texts.size())
+    throw Error(fmt::format("{}: {} texts but {} second texts of pairs", source, texts.size(), pairs.size()));
   const bool types = model.config.family != HfFamily::kDistilBert && tokenizer.has_token_types();
   std::vector<HfSequence> out;
   out.reserve(texts.size());
   for (size_t i = 0; i < texts.size(); ++i) {
     TokenizedText t;
     try {
-      t = tokenizer.encode(texts[i], max_length);
+      t = pairs.empty() ? tokenizer.encode(texts[i], max_length)
+                        : tokenizer.encode_pair(texts[i], pairs[i], max_length);
     } catch (const UsageError&) {
       throw;
     } catch (const Error& e) {

@@ -26,12 +26,14 @@ struct HfSequence {
 };
 
 // Each text through the tokenizer (truncated to max_length ids; <= 0: the tokenizer's maximum),
-// token types kept only when the model takes them. An input the tokenizer refuses is an error
+// token types kept only when the model takes them. With `pairs` (non-empty: one second text per
+// text), each input is the pair (texts[i], pairs[i]) (HfTokenizer::encode_pair: BERT's token
+// types 0 then 1 reach the token-type embeddings). An input the tokenizer refuses is an error
 // naming `source` and the line (1-based). Tokenised inputs longer than the model's position table
 // are an error naming the model and the limit.
 std::vector<HfSequence> hf_tokenize(const HfTokenizer& tokenizer, const HfEncoder& model,
-                                    const std::vector<std::string>& texts, int64_t max_length,
-                                    const std::string& source);
+                                    const std::vector<std::string>& texts, const std::vector<std::string>& pairs,
+                                    int64_t max_length, const std::string& source);
 
 struct HfBatchOptions {
   int64_t batch_size = 32;

@@ -349,5 +349,45 @@ TEST(HfCommands, ProgressOnATerminal) {
   EXPECT_NE(tty.rfind("\r\x1b[K"), std::string::npos) << tty;
 }
 
+// Sentence pairs (--pair-input): the tokenizer's pair template and longest_first truncation, BERT's
+// token types 0 then 1 through the token-type embeddings, against transformers' forward on
+// tok(firsts, seconds, padding=True, truncation=True).
+std::string pair_flags() {
+  return " --input " + hf_dir() + "/hard_pairs_first.txt --pair-input " + hf_dir() + "/hard_pairs_second.txt";
+}
+
+TEST(HfPairs, ClassifyAndEmbedEqualTransformers) {
+  for (const std::string name : {"bert_cls_tok", "roberta_cls_tok"}) {
+    SCOPED_TRACE(name);
+    const std::string out = out_path(name + "-pairs.safetensors");
+    const test::CmdResult r =
+        cabm("classify --model " + hf_dir() + "/" + name + pair_flags() + " --output " + out + " --batch-size 3");
+    ASSERT_EQ(r.status, 0) << r.err;
+    const SafetensorsFile want = read_safetensors(hf_dir() + "/" + name + ".pairs.expected.safetensors");
+    EXPECT_CLOSE(read_safetensors(out).get("logits"), want.get("logits"), 1e-5, 1e-6);
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), want.get("logits").size(0));
+  }
+  const std::string out = out_path("minilm-pairs.safetensors");
+  const test::CmdResult r = cabm("embed --model " + minilm() + pair_flags() + " --output " + out);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const SafetensorsFile want = read_safetensors(hf_dir() + "/minilm.pairs.expected.safetensors");
+  EXPECT_CLOSE(read_safetensors(out).get("embeddings"), want.get("embeddings"), kEmbedTol, kEmbedTol);
+}
+
+TEST(HfPairs, Refusals) {
+  const std::string model = " --model " + hf_dir() + "/bert_cls_tok";
+  const std::string three = out_path("three.txt");
+  std::ofstream(three) << "a\nb\nc\n";
+  const std::string second = hf_dir() + "/hard_pairs_second.txt";
+  for (const char* cmd : {"classify", "embed"}) {
+    const std::string c = std::string(cmd) + model + " --output " + out_path("never3.safetensors");
+    expect_refused(c + " --input " + three + " --pair-input " + second, 1,
+                   "--input " + three + " has 3 lines but --pair-input " + second + " has 10");
+    expect_refused(c + " --input - --pair-input -", 2, "cannot both be '-'");
+    expect_refused(c + " --input " + three + " --pair-input " + three + " --max-length 2", 2, "--max-length 2");
+  }
+  EXPECT_FALSE(fs::exists(out_path("never3.safetensors")));
+}
+
 }  // namespace
 }  // namespace cabm

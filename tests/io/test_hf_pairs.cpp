@@ -1,8 +1,9 @@
-// Sentence pairs through the Hugging Face tokenizers (HfTokenizer::encode_pair), against what
-// transformers' fast tokenizers and the tokenizers library returned
-// (tests/fixtures/hf_make_tokenizers.py): every tokenizer family's pair template over random and
-// edge-case pairs of the hard strings at many max_lengths (longest_first truncation), the
-// truncation rule measured length by length, and other post-processors.
+// Sentence pairs through the Hugging Face tokenizers (HfTokenizer::encode_pair) and
+// `cabm tokenize --pair-input`, against what transformers' fast tokenizers and the tokenizers
+// library returned (tests/fixtures/hf_make_tokenizers.py): every tokenizer family's pair template
+// over random and edge-case pairs of the hard strings at many max_lengths (longest_first
+// truncation), the truncation rule measured length by length, other post-processors, and the
+// command's errors.
 #include "cabm/core/error.h"
 #include "cabm/io/hf_tokenizer.h"
 #include "cabm/io/safetensors.h"
@@ -10,6 +11,9 @@
 #include "util/test_util.h"
 
 #include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
 
 namespace cabm {
 namespace {
@@ -23,6 +27,23 @@ std::string hf_dir() {
 const json& expected() {
   static const json doc = json::parse(test::read_file(hf_dir() + "/expected.json"));
   return doc;
+}
+
+std::string model_dir(const std::string& name) {
+  return expected()["tokenizers"][name]["dir"].get<std::string>();
+}
+
+std::string first_file() {
+  return hf_dir() + "/pairs_first.txt";
+}
+std::string second_file() {
+  return hf_dir() + "/pairs_second.txt";
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  ASSERT_TRUE(out.good()) << path;
 }
 
 std::vector<int64_t> row(const Tensor& t, int64_t i) {
@@ -142,6 +163,74 @@ TEST(HfPairs, BadPairTemplatesRefusePairsOnly) {
   const TokenizedText t = only_a.encode_pair("a a a", "a a", 4);
   EXPECT_EQ(t.input_ids, (std::vector<int64_t>{1, 2, 2}));
   EXPECT_EQ(t.token_type_ids, (std::vector<int64_t>{0, 1, 1}));
+}
+
+// ---- `cabm tokenize --pair-input` ------------------------------------------------------------
+
+void expect_file_equals_fixture(const std::string& out, const std::string& name, int64_t max_length) {
+  const json& entry = expected()["tokenizers"][name];
+  const SafetensorsFile got = read_safetensors(out);
+  const SafetensorsFile want = read_safetensors(hf_dir() + "/" + name + ".pairs.safetensors");
+  const bool types = entry.at("has_token_types");
+  EXPECT_EQ(got.tensors.size(), types ? 3u : 2u);
+  EXPECT_EQ(got.find("token_type_ids") != nullptr, types);
+  for (const auto& [key, tensor] : got.tensors)
+    expect_rows_equal(tensor, want.get(key + "@" + std::to_string(max_length)), name + " " + key);
+}
+
+TEST(HfPairs, TokenizeCommandWritesWhatTransformersReturns) {
+  for (const std::string name : {"all_minilm_l6_v2", "bert_cased", "bert_vocab_txt", "distilbert", "roberta",
+                                 "roberta_files", "xlmr", "xlmr_spm_only", "xlmr_unigram"}) {
+    SCOPED_TRACE(name);
+    const std::string out = test::temp_dir() + "/pairs_" + name + ".safetensors";
+    const auto r = test::run_cabm("tokenize --model " + model_dir(name) + " --input " + first_file() +
+                                  " --pair-input " + second_file() + " --output " + out);
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_TRUE(r.err.empty()) << r.err;
+    expect_file_equals_fixture(out, name, 0);
+  }
+  // --max-length counts the pair as a whole; the second texts from standard input, \r\n ends.
+  std::string crlf = test::read_file(second_file());
+  for (size_t at = 0; (at = crlf.find('\n', at)) != std::string::npos; at += 2) crlf.replace(at, 1, "\r\n");
+  const std::string in = test::temp_dir() + "/second_crlf.txt", out = test::temp_dir() + "/pairs_17.safetensors";
+  write_bytes(in, crlf);
+  const std::string cmd = "CABM_NUM_THREADS=2 " + test::cabm_binary() + " tokenize --model " +
+                          model_dir("bert_uncased") + " --input " + first_file() +
+                          " --pair-input - --max-length 17 --output " + out + " < " + in;
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  expect_file_equals_fixture(out, "bert_uncased", 17);
+}
+
+TEST(HfPairs, TokenizeCommandErrors) {
+  const std::string out = test::temp_dir() + "/never.safetensors";
+  const std::string model = " --model " + model_dir("bert_uncased");
+  // A different number of lines: one line naming both files and both counts, status 1.
+  const std::string three = test::temp_dir() + "/three.txt", two = test::temp_dir() + "/two.txt";
+  write_bytes(three, "a\nb\nc\n");
+  write_bytes(two, "x\ny");
+  auto r = test::run_cabm("tokenize" + model + " --input " + three + " --pair-input " + two + " --output " + out);
+  test::expect_one_line_error(r, "--input " + three + " has 3 lines but --pair-input " + two + " has 2");
+  EXPECT_EQ(r.status, 1);
+  // Both from standard input: a usage error, status 2.
+  r = test::run_cabm("tokenize" + model + " --input - --pair-input - --output " + out);
+  test::expect_one_line_error(r, "cannot both be '-'");
+  EXPECT_EQ(r.status, 2);
+  // Invalid UTF-8 in the second texts names that file and the line.
+  const std::string bad = test::temp_dir() + "/bad_pair.txt";
+  write_bytes(bad, "fine\nbad \xC3\x28\nfine\n");
+  r = test::run_cabm("tokenize" + model + " --input " + three + " --pair-input " + bad + " --output " + out);
+  test::expect_one_line_error(r, bad + ": line 2: not valid UTF-8");
+  EXPECT_EQ(r.status, 1);
+  r = test::run_cabm("tokenize" + model + " --input " + three + " --pair-input /nonexistent/b.txt --output " + out);
+  test::expect_one_line_error(r, "/nonexistent/b.txt");
+  // --max-length must leave room for a pair's special tokens (4 for RoBERTa; 3 is enough for one
+  // input).
+  const std::string roberta = " --model " + model_dir("roberta") + " --input " + three + " --output " + out;
+  r = test::run_cabm("tokenize" + roberta + " --pair-input " + three + " --max-length 3");
+  test::expect_one_line_error(r, "--max-length 3");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_FALSE(std::filesystem::exists(out));
+  EXPECT_EQ(test::run_cabm("tokenize" + roberta + " --max-length 3").status, 0);
 }
 
 }  // namespace
