@@ -1,6 +1,7 @@
 #include "cabm/interop/hf_encoder.h"
 
 #include "cabm/core/error.h"
+#include "cabm/interop/state_dict.h"
 #include "cabm/io/safetensors.h"
 #include "cabm/kernels/layernorm.h"
 
@@ -31,6 +32,7 @@ struct Loader {
     if (src.shape() != shape)
       throw Error(fmt::format("{}: tensor '{}' has shape {}, expected {}", file.path, key, shape_str(src.shape()),
                               shape_str(shape)));
+    check_finite_weights(file, key, src);
     taken.insert(key);
     return src.dtype() == DType::F32 ? src.contiguous() : Tensor::from_vector(src.to_vector(), src.shape());
   }

@@ -5,8 +5,10 @@
 #include "cabm/nn/parameters.h"
 #include "util/test_util.h"
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 namespace cabm {
@@ -156,6 +158,24 @@ TEST(CliForward, BadInputs) {
     f.input["src_key_padding_mask"] = Tensor::zeros({3, 5}, DType::BOOL);
     expect_error(f.run(), "src_key_padding_mask");
   }
+}
+
+// A NaN or ±inf weight made every output NaN with exit 0: refused, naming the file and tensor.
+// NaN in the input is the user's data, which PyTorch propagates: so does cabm, with exit 0.
+TEST(CliForward, NonFiniteWeightsAreRefusedNonFiniteInputsPropagate) {
+  for (const auto& [key, value] : std::vector<std::pair<std::string, float>>{
+           {"self_attn.in_proj_weight", std::nanf("")}, {"linear1.bias", std::numeric_limits<float>::infinity()}}) {
+    Files f;
+    f.model[key].data<float>()[4] = value;
+    expect_error(f.run(), fmt::format("model.safetensors: tensor '{}' holds {} at element 4", key, value));
+  }
+  Files f;
+  f.input["src"].data<float>()[0] = std::nanf("");
+  const CmdResult r = f.run();
+  ASSERT_EQ(r.status, 0) << r.err;
+  const Tensor out = read_safetensors(path("out.safetensors")).get("output");
+  EXPECT_TRUE(std::isnan(out.at({0, 0, 0})));
+  EXPECT_FALSE(std::isnan(out.at({1, 0, 0})));  // the other sequence never sees it
 }
 
 TEST(CliForward, BadFlags) {

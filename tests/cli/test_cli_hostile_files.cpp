@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 
 namespace cabm {
 namespace {
@@ -153,6 +154,28 @@ TEST(HostileFiles, F3_ResumeStateThatDisagreesWithTheModel) {
     const std::string run = copy_run("f3-state");
     set_state_raw(run, key, raw);
     expect_failure(cabm({"train", "--resume", "--out", run, "--steps", "3"}), {"state.json", "'" + key + "'"});
+  }
+}
+
+// A NaN or ±inf weight in a checkpoint's model loaded: eval printed loss nan, generate sampled
+// from NaN logits, and a run resumed from it or started from it (--init) trained on NaN, all
+// with exit 0. Every loader now refuses it before any computation, naming the file and tensor.
+TEST(HostileFiles, NonFiniteModelWeights) {
+  const std::string key = "encoder.layers.0.linear2.weight";
+  for (const float value : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    SCOPED_TRACE(value);
+    const std::string run = copy_run("nonfinite");
+    const std::string file = run + "/" + kStep + "/model.safetensors";
+    SafetensorsFile f = read_safetensors(file);
+    f.tensors.at(key).data<float>()[3] = value;
+    write_safetensors(file, f.tensors, f.metadata);
+    const std::string needle = fmt::format("model.safetensors: tensor '{}' holds {} at element 3", key, value);
+    expect_failure(cabm({"eval", "--checkpoint", run}), {needle, "must be finite"});
+    expect_failure(cabm({"generate", "--checkpoint", run, "--tokens", "3"}), {needle});
+    expect_failure(cabm({"train", "--resume", "--out", run, "--steps", "3"}), {needle});
+    expect_failure(cabm({"train", "--data", data_file(), "--init", file, "--out", path("nonfinite-init"), "--steps",
+                         "1", "--eval-interval", "0", "--sample-tokens", "0"}),
+                   {needle});
   }
 }
 

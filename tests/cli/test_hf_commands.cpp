@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 namespace cabm {
@@ -309,6 +310,19 @@ TEST(HfCommands, ModelRefusals) {
     write_safetensors((missing / "model.safetensors").string(), f.tensors);
   }
   expect_refused("classify --model " + missing.string() + in, 1, "missing tensor 'classifier.weight'");
+  // A NaN or ±inf weight made every output NaN with exit 0.
+  const fs::path nonfinite = copy_classifier("nonfinite");
+  {
+    SafetensorsFile f = read_safetensors((nonfinite / "model.safetensors").string());
+    f.tensors.at("classifier.weight").data<float>()[2] = std::nanf("");
+    f.tensors.at("bert.encoder.layer.0.attention.self.query.weight").data<float>()[9] =
+        -std::numeric_limits<float>::infinity();
+    write_safetensors((nonfinite / "model.safetensors").string(), f.tensors);
+  }
+  expect_refused(
+      "classify --model " + nonfinite.string() + in, 1,
+      "model.safetensors: tensor 'bert.encoder.layer.0.attention.self.query.weight' holds -inf at element 9");
+  expect_refused("embed --model " + nonfinite.string() + in + out, 1, "must be finite");
   // A bare encoder has no labels.
   expect_refused("classify --model " + minilm() + in, 1, "no classification head");
   expect_refused("embed --model " + test::temp_dir() + "/nothing" + in + out, 1, "nothing");

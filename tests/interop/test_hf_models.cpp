@@ -441,6 +441,36 @@ TEST(HfRefusals, UnexpectedTensor) {
   expect_refused(dir, {"unexpected tensor", "'encoder.layer.2.output.dense.bias'"});
 }
 
+// A NaN or ±inf weight (F32, or BF16 as some checkpoints store them) made every output NaN with
+// exit 0. The word embeddings, used as read rather than copied, are checked as well.
+TEST(HfRefusals, NonFiniteWeights) {
+  struct Case {
+    std::string model, key;
+    float value;
+    bool bf16;
+  };
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<Case> cases = {{"bert", "encoder.layer.1.output.dense.weight", std::nanf(""), false},
+                                   {"bert", "embeddings.word_embeddings.weight", inf, false},
+                                   {"distilbert", "transformer.layer.0.attention.k_lin.bias", -inf, true},
+                                   {"roberta_cls", "classifier.out_proj.weight", std::nanf(""), true}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.key);
+    const fs::path dir = copy_model(c.model, "nonfinite");
+    Tensor t = read_safetensors((dir / "model.safetensors").string()).get(c.key).clone();
+    t.data<float>()[6] = c.value;
+    if (c.bf16) {
+      Tensor b = Tensor::empty(t.shape(), DType::BF16);
+      for (int64_t i = 0; i < t.numel(); ++i) b.data<bf16>()[i] = float_to_bf16(t.data<float>()[i]);
+      t = b;
+    }
+    edit_weights(dir, c.key, &t);
+    expect_refused(dir, {fmt::format("model.safetensors: tensor '{}' holds {} at element 6 (a model's weights must "
+                                     "be finite)",
+                                     c.key, c.value)});
+  }
+}
+
 TEST(HfRefusals, BadInputs) {
   const HfEncoder model = load_hf_encoder(hf_dir() + "/bert");
   HfEncoderCache cache;

@@ -1,12 +1,16 @@
 // Checkpoints: layout, atomicity (a crash at any point leaves a loadable `latest`), keep
 // policy, clear errors for broken ones, and bit-exact resume: 2k steps straight equal
 // k steps + save + restore + k steps, losses and weights, with dropout and accumulation on.
+#include "cabm/nn/init.h"
 #include "cabm/train/checkpoint.h"
 #include "cabm/train/lm_trainer.h"
+#include "cabm/train/model_config.h"
 #include "util/test_util.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 
 namespace cabm {
@@ -203,6 +207,39 @@ TEST(Checkpoint, OptimizerStateWithNonFiniteOrNegativeMomentsIsRefused) {
   write_safetensors(path, adamw_state_tensors(opt), adamw_state_metadata(opt));
   AdamW other = make_adamw(params, AdamWConfig{});
   EXPECT_NO_THROW(load_adamw_state(read_safetensors(path), other));
+}
+
+// A checkpoint's model.safetensors (what eval, generate and a resume load) with a NaN or ±inf
+// weight loaded, and every output was NaN with exit 0: refused, naming the file and tensor.
+TEST(Checkpoint, ModelWithNonFiniteWeightsIsRefused) {
+  CausalLMConfig c;
+  c.vocab_size = 256;
+  c.max_seq_len = 8;
+  c.d_model = 16;
+  c.nhead = 2;
+  c.num_layers = 1;
+  c.dim_feedforward = 32;
+  CausalLM model = make_causal_lm(c);
+  Rng rng(3);
+  init_parameters(model, rng);
+  const std::string path = test::temp_dir() + "/nan_model.safetensors";
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, float>>{{"", 0.0f},
+                                                  {"encoder.layers.0.linear1.weight", std::nanf("")},
+                                                  {"embed.weight", std::numeric_limits<float>::infinity()},
+                                                  {"encoder.norm.bias", -std::numeric_limits<float>::infinity()}}) {
+    std::map<std::string, Tensor> tensors;
+    for (const auto& [name, t] : to_tensor_map(named_parameters(model))) tensors[name] = t.clone();
+    if (!key.empty()) tensors[key].data<float>()[5] = value;
+    write_safetensors(path, tensors, causal_lm_metadata(c));
+    const std::string message = error_of([&] { load_causal_lm(read_safetensors(path)); });
+    if (key.empty()) {
+      EXPECT_EQ(message, "");
+      continue;
+    }
+    EXPECT_EQ(message, fmt::format("{}: tensor '{}' holds {} at element 5 (a model's weights must be finite)", path,
+                                   key, value));
+  }
 }
 
 // Steps go up to kMaxSteps (2^40, 13 digits); step-%08d names have more than 8 digits from step
