@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <vector>
 
 namespace cabm {
@@ -139,29 +140,61 @@ std::map<std::string, std::string> adamw_state_metadata(const AdamW& opt) {
           {"eps", num(opt.config.eps)},     {"weight_decay", num(opt.config.weight_decay)}};
 }
 
+namespace {
+
+// Adam's first moment is bounded by its second whatever the gradients. From zero moments,
+// m_t = (1−β1) Σ_k β1^k g_{t−k} and v_t = (1−β2) Σ_k β2^k g_{t−k}², and Cauchy–Schwarz applied to
+// Σ_k (β1^k β2^{−k/2})·(β2^{k/2} g_{t−k}) gives
+//   m_t² ≤ (1−β1)² / ((1−β2)(1 − β1²/β2)) · v_t      when β1² < β2
+// (|m| ≤ 7.27·√v for the default betas 0.9, 0.999). The check allows twice that constant (fp32
+// rounding of m and v over many steps; a run resumed with betas slightly different from those
+// that made the state), and adds the optimizer's eps to √v: a tiny m whose v underflowed to 0
+// in fp32 (a gradient of 1e-30 squares to 0) stays legal, and the first update
+// lr·m̂/(√v̂ + eps) stays bounded by about lr·C/(1−β1) either way. With β1² ≥ β2 the series
+// Σ (β1²/β2)^k diverges and no such bound exists: nullopt, nothing to check.
+std::optional<double> adam_moment_bound(const AdamWConfig& c) {
+  if (!(c.beta1 * c.beta1 < c.beta2)) return std::nullopt;
+  constexpr double kSafety = 2;
+  return kSafety * (1 - c.beta1) / std::sqrt((1 - c.beta2) * (1 - c.beta1 * c.beta1 / c.beta2));
+}
+
+}  // namespace
+
 void load_adamw_state(const SafetensorsFile& file, AdamW& opt) {
   const std::string* kind = file.find_metadata("optimizer");
   if (kind == nullptr || *kind != "AdamW")
     throw Error(fmt::format("{}: not an AdamW state (metadata 'optimizer')", file.path));
   const int64_t step =
       parse_integer(file.get_metadata("step"), 0, kMaxSteps, fmt::format("{}: metadata 'step'", file.path));
-  // m must be finite and v finite and >= 0 (a mean of squares): otherwise the first update
-  // writes NaN or ±inf into the weights, and the run later stops as "diverged (try a lower
-  // --lr)", blaming the learning rate for a damaged file.
-  const auto check_values = [&](const std::string& name, const Tensor& t, bool non_negative) {
-    const float* v = t.data<float>();
-    for (int64_t j = 0; j < t.numel(); ++j)
-      if (!std::isfinite(v[j]) || (non_negative && v[j] < 0.0f))
-        throw Error(fmt::format("{}: tensor '{}' holds {} at element {} (expected a finite{} value)", file.path, name,
-                                v[j], j, non_negative ? ", non-negative" : ""));
+  // m must be finite, v finite and >= 0 (a mean of squares), and |m| within the bound above:
+  // otherwise the first update writes NaN, ±inf or a huge step into the weights, and the run
+  // later stops as "diverged (try a lower --lr)", blaming the learning rate for a damaged file.
+  const std::optional<double> bound = adam_moment_bound(opt.config);
+  const double eps = opt.config.eps;
+  const auto check_values = [&](const std::string& name, const Tensor& m, const Tensor& v) {
+    const std::string m_name = "exp_avg." + name, v_name = "exp_avg_sq." + name;
+    const float* mp = m.data<float>();
+    const float* vp = v.data<float>();
+    for (int64_t j = 0; j < m.numel(); ++j) {
+      if (!std::isfinite(mp[j]))
+        throw Error(fmt::format("{}: tensor '{}' holds {} at element {} (expected a finite value)", file.path, m_name,
+                                mp[j], j));
+      if (!std::isfinite(vp[j]) || vp[j] < 0.0f)
+        throw Error(fmt::format("{}: tensor '{}' holds {} at element {} (expected a finite, non-negative value)",
+                                file.path, v_name, vp[j], j));
+      if (bound && std::abs(static_cast<double>(mp[j])) > *bound * (std::sqrt(static_cast<double>(vp[j])) + eps))
+        throw Error(fmt::format(
+            "{}: tensor '{}' holds {} at element {} where '{}' holds {}, beyond AdamW's bound |exp_avg| <= "
+            "{:.3g}·(√exp_avg_sq + eps {}) for betas ({}, {}): not a state AdamW produces, and the first update "
+            "from it would be unbounded",
+            file.path, m_name, mp[j], j, v_name, vp[j], *bound, eps, opt.config.beta1, opt.config.beta2));
+    }
   };
   for (size_t i = 0; i < opt.names.size(); ++i) {
     const Shape& shape = opt.exp_avg[i].shape();
-    const std::string m = "exp_avg." + opt.names[i], v = "exp_avg_sq." + opt.names[i];
-    const Tensor& m_file = file.get(m, DType::F32, shape);
-    const Tensor& v_file = file.get(v, DType::F32, shape);
-    check_values(m, m_file, false);
-    check_values(v, v_file, true);
+    const Tensor& m_file = file.get("exp_avg." + opt.names[i], DType::F32, shape);
+    const Tensor& v_file = file.get("exp_avg_sq." + opt.names[i], DType::F32, shape);
+    check_values(opt.names[i], m_file, v_file);
     opt.exp_avg[i].copy_from(m_file);
     opt.exp_avg_sq[i].copy_from(v_file);
   }

@@ -81,7 +81,9 @@ std::string state_file_path(const LoadedCheckpoint& checkpoint);  // DIR/state.j
 int64_t checkpoint_step(const LoadedCheckpoint& checkpoint);
 
 // Optimizer state as tensors + metadata, and back (checks every name and shape against `opt`,
-// which must have been made for the same parameters).
+// which must have been made for the same parameters, and every value: m finite, v finite and
+// >= 0, and |m| <= C·(√v + eps), the bound that Adam's moments obey whatever the gradients, for
+// opt's betas and eps; see checkpoint.cpp).
 std::map<std::string, Tensor> adamw_state_tensors(const AdamW& opt);
 std::map<std::string, std::string> adamw_state_metadata(const AdamW& opt);
 void load_adamw_state(const SafetensorsFile& file, AdamW& opt);

@@ -179,6 +179,21 @@ TEST(HostileFiles, NonFiniteModelWeights) {
   }
 }
 
+// An AdamW state whose first moment exceeds what Adam's moments can reach (|m| <= 7.27·sqrt(v),
+// cabm/train/checkpoint.cpp), here exp_avg 1e38 with exp_avg_sq 0, was resumed: the first update
+// (~1e46) made the weights inf and the run stopped blaming the learning rate.
+TEST(HostileFiles, UnboundedAdamMoments) {
+  const std::string run = copy_run("moments");
+  const std::string file = run + "/" + kStep + "/optimizer.safetensors";
+  SafetensorsFile f = read_safetensors(file);
+  f.tensors.at("exp_avg.encoder.norm.bias").data<float>()[1] = 1e38f;
+  f.tensors.at("exp_avg_sq.encoder.norm.bias").data<float>()[1] = 0.0f;
+  write_safetensors(file, f.tensors, f.metadata);
+  expect_failure(
+      cabm({"train", "--resume", "--out", run, "--steps", "3"}),
+      {"optimizer.safetensors: tensor 'exp_avg.encoder.norm.bias' holds 1e+38 at element 1", "would be unbounded"});
+}
+
 // F4: a --data file larger than the memory the process may use was evaluated as its prefix
 // with exit 0; /dev/zero was read until memory ran out.
 TEST(HostileFiles, F4_DataLargerThanMemory) {

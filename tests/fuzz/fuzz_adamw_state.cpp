@@ -3,7 +3,9 @@
 // weight [3, 4] and a bias [4], the names of tests/train/test_checkpoint.cpp) and one whose
 // parameters have the names and shapes of the file's exp_avg.* tensors (so a well-formed file
 // of any model reaches the value checks). A state that loads must be one AdamW can continue
-// from: a step in range, finite moments, v >= 0, and one update leaves no NaN in the weights.
+// from: a step in range, finite moments, v >= 0, |m| within Adam's moment bound
+// (|m| <= C·(sqrt(v) + eps), cabm/train/checkpoint.cpp), and one update leaves every weight
+// finite (before the bound, exp_avg 1e38 with exp_avg_sq 0 loaded and made the weights inf).
 #include "cabm/io/safetensors.h"
 #include "cabm/train/adamw.h"
 #include "cabm/train/checkpoint.h"
@@ -26,6 +28,9 @@ void load_and_step(const cabm::SafetensorsFile& file, const cabm::NamedTensors& 
     for (int64_t j = 0; j < opt.exp_avg[i].numel(); ++j) {
       if (!std::isfinite(m[j])) invariant_failed("a non-finite exp_avg was accepted");
       if (!std::isfinite(v[j]) || v[j] < 0.0f) invariant_failed("a negative or non-finite exp_avg_sq was accepted");
+      // 2 × 7.27 for the default betas (0.9, 0.999), eps 1e-8.
+      if (std::abs(m[j]) > 14.6 * (std::sqrt(static_cast<double>(v[j])) + 1e-8))
+        invariant_failed("an exp_avg beyond Adam's moment bound was accepted");
     }
   }
   cabm::NamedTensors grads;
@@ -38,7 +43,8 @@ void load_and_step(const cabm::SafetensorsFile& file, const cabm::NamedTensors& 
   cabm::adamw_step(opt, params, grads, 1e-3);
   for (const auto& [name, p] : params)
     for (int64_t j = 0; j < p.numel(); ++j)
-      if (std::isnan(p.data<float>()[j])) invariant_failed("one AdamW step from a loaded state made a weight NaN");
+      if (!std::isfinite(p.data<float>()[j]))
+        invariant_failed("one AdamW step from a loaded state made a weight NaN or infinite");
 }
 
 void adamw_state(std::string_view bytes) {

@@ -242,6 +242,94 @@ TEST(Checkpoint, ModelWithNonFiniteWeightsIsRefused) {
   }
 }
 
+// Adam's moments obey |m| <= 7.27·sqrt(v) (betas 0.9, 0.999) whatever the gradients
+// (checkpoint.cpp). A state beyond twice that plus eps, e.g. exp_avg 1e38 with exp_avg_sq 0, was
+// accepted although its first update, lr·m̂/(sqrt(v̂) + eps) ≈ 1e46, makes the weights inf.
+TEST(Checkpoint, OptimizerStateBeyondAdamsMomentBoundIsRefused) {
+  const NamedTensors params = {{"l.weight", Tensor::zeros({3, 4})}, {"l.bias", Tensor::zeros({4})}};
+  const auto load_error = [&](float m, float v, const AdamWConfig& config) {
+    AdamW opt = make_adamw(params, config);
+    opt.step = 2;
+    opt.exp_avg[1].data<float>()[2] = m;
+    opt.exp_avg_sq[1].data<float>()[2] = v;
+    const std::string path = test::temp_dir() + "/unbounded_opt.safetensors";
+    write_safetensors(path, adamw_state_tensors(opt), adamw_state_metadata(opt));
+    AdamW other = make_adamw(params, config);
+    return error_of([&] { load_adamw_state(read_safetensors(path), other); });
+  };
+  const AdamWConfig defaults;
+  for (const auto& [m, v] : std::vector<std::pair<float, float>>{
+           {1e38f, 0.0f}, {-1e38f, 0.0f}, {100.0f, 1.0f}, {1e-6f, 0.0f}, {-3e10f, 1e16f}}) {
+    const std::string message = load_error(m, v, defaults);
+    SCOPED_TRACE(message);
+    EXPECT_NE(message.find("unbounded_opt.safetensors: tensor 'exp_avg.l.bias' holds " + fmt::format("{}", m) +
+                           " at element 2 where 'exp_avg_sq.l.bias' holds " + fmt::format("{}", v)),
+              std::string::npos);
+    EXPECT_NE(message.find("14.5"), std::string::npos);  // 2 × 7.27
+    EXPECT_NE(message.find("the first update from it would be unbounded"), std::string::npos);
+    EXPECT_EQ(message.find('\n'), std::string::npos);
+  }
+  // Within the bound: a tiny m whose v underflowed to 0 (eps keeps it legal), and |m| = 14·sqrt(v).
+  for (const auto& [m, v] : std::vector<std::pair<float, float>>{
+           {1e-30f, 0.0f}, {-1e-30f, 0.0f}, {1.4e-7f, 0.0f}, {14.0f, 1.0f}, {-1.4e19f, 1e36f}, {0.0f, 0.0f}})
+    EXPECT_EQ(load_error(m, v, defaults), "") << m << " " << v;
+  // Other betas, other constants: (1 − β1)/sqrt((1 − β2)(1 − β1²/β2)) is 1.86 for (0.5, 0.9)...
+  EXPECT_NE(load_error(3.8f, 1.0f, {0.5, 0.9, 1e-8, 0.0}), "");
+  EXPECT_EQ(load_error(3.6f, 1.0f, {0.5, 0.9, 1e-8, 0.0}), "");
+  // ...and there is none when β1² >= β2 (the series diverges): only finiteness is checked.
+  EXPECT_EQ(load_error(1e38f, 0.0f, {0.99, 0.9, 1e-8, 0.0}), "");
+}
+
+// States that AdamW itself produced load, for gradients of any scale: random, huge (1e18: g² is
+// still finite in fp32), tiny (1e-30: v underflows to 0 while m does not), and the sequence that
+// makes Cauchy–Schwarz tight, g_t ∝ (β2/β1)^t, for which |m|/sqrt(v) approaches 7.27.
+TEST(Checkpoint, OptimizerStatesOfRealStepsAreAccepted) {
+  const AdamWConfig defaults;
+  const auto check = [&](const std::string& what, int steps, const std::function<float(int, int64_t)>& gradient,
+                         const AdamWConfig& config = {}) {
+    SCOPED_TRACE(what);
+    const NamedTensors params = {{"l.weight", test::random_tensor({8, 16}, 1)}, {"l.bias", Tensor::zeros({16})}};
+    const NamedTensors grads = {{"l.weight", Tensor::zeros({8, 16})}, {"l.bias", Tensor::zeros({16})}};
+    AdamW opt = make_adamw(params, config);
+    for (int t = 0; t < steps; ++t) {
+      for (const auto& [name, g] : grads)
+        for (int64_t j = 0; j < g.numel(); ++j) g.data<float>()[j] = gradient(t, j);
+      adamw_step(opt, params, grads, 1e-3);
+    }
+    const std::string path = test::temp_dir() + "/real_opt.safetensors";
+    write_safetensors(path, adamw_state_tensors(opt), adamw_state_metadata(opt));
+    AdamW other = make_adamw(params, config);
+    EXPECT_EQ(error_of([&] { load_adamw_state(read_safetensors(path), other); }), "");
+    double ratio = 0;  // the largest |m|/sqrt(v) reached
+    for (size_t i = 0; i < opt.names.size(); ++i)
+      for (int64_t j = 0; j < opt.exp_avg[i].numel(); ++j)
+        if (opt.exp_avg_sq[i].data<float>()[j] > 0)
+          ratio = std::max(ratio, std::abs(opt.exp_avg[i].data<float>()[j]) /
+                                      std::sqrt(static_cast<double>(opt.exp_avg_sq[i].data<float>()[j])));
+    return ratio;
+  };
+  Rng rng(5);
+  const auto uniform = [&rng](float scale) {
+    return [&rng, scale](int, int64_t) { return scale * (2 * rng.next_uniform() - 1); };
+  };
+  check("random", 20, uniform(1.0f));
+  check("huge", 20, uniform(1e18f));
+  check("tiny", 20, uniform(1e-30f));
+  check("huge then tiny", 30, [&](int t, int64_t j) { return t < 5 ? 1e18f : (j % 2 ? 1e-30f : -1e-30f); });
+  check("tiny then huge", 30, [&](int t, int64_t) { return t < 25 ? 1e-30f : 1e18f; });
+  check("mixed scales", 20, [&](int t, int64_t j) { return std::pow(10.0f, static_cast<float>((j + t) % 37 - 18)); });
+  const double tight = check("worst case", 400, [&](int t, int64_t) {
+    return static_cast<float>(std::pow(defaults.beta2 / defaults.beta1, t - 400));
+  });
+  EXPECT_GT(tight, 7.0);   // the bound is nearly reached...
+  EXPECT_LT(tight, 7.28);  // ...and holds (7.27)
+  const double tight_05 =
+      check("worst case, betas (0.5, 0.9)", 60,
+            [&](int t, int64_t) { return static_cast<float>(std::pow(0.9 / 0.5, t - 60)); }, {0.5, 0.9, 1e-8, 0.0});
+  EXPECT_GT(tight_05, 1.8);
+  EXPECT_LT(tight_05, 1.87);  // 1.86
+}
+
 // Steps go up to kMaxSteps (2^40, 13 digits); step-%08d names have more than 8 digits from step
 // 10^8 on. Such a checkpoint must resolve, and the keep policy must order steps by number, not
 // by name ("step-100000000" < "step-99999999" as strings) (fuzz_checkpoint_dir).
