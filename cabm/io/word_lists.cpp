@@ -33,6 +33,13 @@ void append_utf8(uint32_t cp, std::string& out) {
   }
 }
 
+// What parse_word_lists needs of the sources, checked before any list is read: a bad call is
+// refused without reading (up to 32 lists of) megabytes first.
+void check_sources(const std::vector<WordListSource>& sources) {
+  CABM_CHECK(!sources.empty(), "no word lists given");
+  CABM_CHECK(sources.size() <= 32, "at most 32 languages");  // a bit set per word
+}
+
 }  // namespace
 
 std::string lowercase_word(std::string_view word) {
@@ -66,6 +73,7 @@ std::string lowercase_word(std::string_view word) {
 }
 
 WordDataset load_word_lists(const std::vector<WordListSource>& sources, const WordListOptions& options) {
+  check_sources(sources);
   std::vector<std::string> texts;
   texts.reserve(sources.size());
   for (const WordListSource& source : sources) texts.push_back(read_file_bytes(source.path));
@@ -74,11 +82,10 @@ WordDataset load_word_lists(const std::vector<WordListSource>& sources, const Wo
 
 WordDataset parse_word_lists(const std::vector<WordListSource>& sources, const std::vector<std::string>& texts,
                              const WordListOptions& options) {
-  CABM_CHECK(!sources.empty(), "no word lists given");
+  check_sources(sources);
   CABM_CHECK(texts.size() == sources.size(), "one text per word list");
   WordDataset data;
   const size_t L = sources.size();
-  CABM_CHECK(L <= 32, "at most 32 languages");
   // word → bit set of the languages whose list has it.
   std::unordered_map<std::string, uint32_t> membership;
   std::vector<std::vector<std::string>> words(L);

@@ -200,6 +200,15 @@ TEST(WordLists, CleansDeduplicatesAndBalances) {
             std::string::npos);
 }
 
+// The count of lists is checked before any list is read: 33 lists are refused as such, not after
+// reading them (nor with the first one's "cannot open").
+TEST(WordLists, TooManyListsAreRefusedBeforeReading) {
+  const std::vector<WordListSource> many(33, WordListSource{"x", "/nonexistent/list"});
+  const std::string message = error_of([&] { load_word_lists(many); });
+  EXPECT_NE(message.find("at most 32 languages"), std::string::npos) << message;
+  EXPECT_NE(error_of([&] { load_word_lists({}); }).find("no word lists"), std::string::npos);
+}
+
 TEST(WordLists, ParseWordListsIsLoadWordListsOnBuffers) {
   const std::string en_text = "Cat\ncat's\nhouse\ndie\r\nmouse \nbird\n\xC3\x28" "bad\n";
   const std::string de_text = "Haus\nKatze\ndie\n\xC3\x84rger\nMaus\nVogel";
