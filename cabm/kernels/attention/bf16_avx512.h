@@ -11,6 +11,7 @@
 
 #include "cabm/kernels/attention/bf16_packing.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -38,7 +39,8 @@ CABM_AVX512_BF16 inline __m512i broadcast_pair(const bf16* p) {
   return _mm512_set1_epi32(static_cast<int>(w));
 }
 
-// MR rows × NV vectors of 16 scores; k over pairs of head-dim elements.
+// MR rows × NV vectors of 16 scores; k over pairs of head-dim elements. Broadcasts first, then
+// one K vector at a time: MR·NV accumulators + MR broadcasts + 1 load live at once.
 template <int MR, int NV>
 CABM_AVX512_BF16 void scores_block(const bf16* qp, int64_t dp, const bf16* kblock, float* s, int64_t lds) {
   __m512 acc[MR][NV];
@@ -46,41 +48,60 @@ CABM_AVX512_BF16 void scores_block(const bf16* qp, int64_t dp, const bf16* kbloc
     for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
   const int64_t pairs = dp / 2, block_stride = pairs * kPackedKeyBlock * 2;
   for (int64_t c = 0; c < pairs; ++c) {
-    __m512i b[NV];
-    for (int v = 0; v < NV; ++v) b[v] = _mm512_loadu_si512(kblock + v * block_stride + c * kPackedKeyBlock * 2);
-    for (int r = 0; r < MR; ++r) {
-      const __m512i a = broadcast_pair(qp + r * dp + 2 * c);
-      for (int v = 0; v < NV; ++v) acc[r][v] = dot2(acc[r][v], a, b[v]);
+    __m512i a[MR];
+    for (int r = 0; r < MR; ++r) a[r] = broadcast_pair(qp + r * dp + 2 * c);
+    for (int v = 0; v < NV; ++v) {
+      const __m512i b = _mm512_loadu_si512(kblock + v * block_stride + c * kPackedKeyBlock * 2);
+      for (int r = 0; r < MR; ++r) acc[r][v] = dot2(acc[r][v], a[r], b);
     }
   }
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < NV; ++v) _mm512_storeu_ps(s + r * lds + v * 16, acc[r][v]);
 }
 
-template <int MR>
-CABM_AVX512_BF16 void scores_rows(const bf16* qp, int64_t dp, const bf16* kp, int64_t nb, float* s, int64_t lds) {
-  const int64_t block_stride = dp / 2 * kPackedKeyBlock * 2;
-  int64_t v = 0;
-  for (; v + 4 <= nb; v += 4) scores_block<MR, 4>(qp, dp, kp + v * block_stride, s + v * 16, lds);
-  for (; v < nb; ++v) scores_block<MR, 1>(qp, dp, kp + v * block_stride, s + v * 16, lds);
+// Calls fn.template operator()<R>() for the row count R = rows (1..MaxRows), a compile-time constant.
+template <int MaxRows, class Fn>
+CABM_AVX512_BF16 inline void with_rows(int64_t rows, Fn&& fn) {
+  if constexpr (MaxRows >= 1) {
+    if (rows == MaxRows) {
+      fn.template operator()<MaxRows>();
+      return;
+    }
+    with_rows<MaxRows - 1>(rows, fn);
+  }
 }
 
+// Whole tile: 4 query rows × 6 key blocks (96 keys) per micro-kernel call (24 accumulators, 4
+// broadcasts and 6 loads per 24 vdpbf16ps), smaller blocks at the edges only.
 CABM_AVX512_BF16 inline void scores_avx512(const bf16* qp, int64_t ni, const bf16* kp, int64_t j0, int64_t nk16,
                                            int64_t dp, float* s, int64_t lds) {
-  const bf16* kb = kp + (j0 / kPackedKeyBlock) * (dp / 2) * kPackedKeyBlock * 2;
+  constexpr int kRows = 4, kBlocks = 6;
+  const int64_t block_stride = dp / 2 * kPackedKeyBlock * 2;
+  const bf16* kb = kp + (j0 / kPackedKeyBlock) * block_stride;
   const int64_t nb = nk16 / kPackedKeyBlock;
-  int64_t r = 0;
-  for (; r + 6 <= ni; r += 6) scores_rows<6>(qp + r * dp, dp, kb, nb, s + r * lds, lds);
-  for (; r < ni; ++r) scores_rows<1>(qp + r * dp, dp, kb, nb, s + r * lds, lds);
+  for (int64_t r = 0; r < ni; r += kRows) {
+    const int64_t mr = std::min<int64_t>(kRows, ni - r);
+    for (int64_t v = 0; v < nb; v += kBlocks) {
+      const int64_t nv = std::min<int64_t>(kBlocks, nb - v);
+      with_rows<kRows>(mr, [&]<int R>() {
+        with_rows<kBlocks>(nv, [&]<int V>() {
+          scores_block<R, V>(qp + r * dp, dp, kb + v * block_stride, s + r * lds + v * 16, lds);
+        });
+      });
+    }
+  }
 }
 
-// MR rows × NV vectors of 16 output columns, k over pairs of keys.
+// MR rows × NV vectors of 16 output columns, k over pairs of keys; O is scaled by the rows'
+// alpha (the online softmax's correction) as it is loaded.
 template <int MR, int NV>
-CABM_AVX512_BF16 void pv_block(const bf16* pt, int64_t ldp, const bf16* vcols, int64_t dvp, int64_t pairs, float* o,
-                               int64_t ldo) {
+CABM_AVX512_BF16 void pv_block(const bf16* pt, int64_t ldp, const bf16* vcols, int64_t dvp, int64_t pairs,
+                               const float* alpha, float* o, int64_t ldo) {
   __m512 acc[MR][NV];
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_loadu_ps(o + r * ldo + v * 16);
+  for (int r = 0; r < MR; ++r) {
+    const __m512 a = _mm512_set1_ps(alpha[r]);
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_mul_ps(_mm512_loadu_ps(o + r * ldo + v * 16), a);
+  }
   for (int64_t t = 0; t < pairs; ++t) {
     __m512i b[NV];
     for (int v = 0; v < NV; ++v) b[v] = _mm512_loadu_si512(vcols + t * dvp * 2 + v * 32);
@@ -93,22 +114,23 @@ CABM_AVX512_BF16 void pv_block(const bf16* pt, int64_t ldp, const bf16* vcols, i
     for (int v = 0; v < NV; ++v) _mm512_storeu_ps(o + r * ldo + v * 16, acc[r][v]);
 }
 
-template <int MR>
-CABM_AVX512_BF16 void pv_rows(const bf16* pt, int64_t ldp, const bf16* vp, int64_t dvp, int64_t pairs, float* o,
-                              int64_t ldo) {
-  const int64_t nv = dvp / 16;
-  int64_t v = 0;
-  for (; v + 4 <= nv; v += 4) pv_block<MR, 4>(pt, ldp, vp + v * 32, dvp, pairs, o + v * 16, ldo);
-  for (; v < nv; ++v) pv_block<MR, 1>(pt, ldp, vp + v * 32, dvp, pairs, o + v * 16, ldo);
-}
-
+// O = alpha ∘ O + P·V over the key pairs [j0, j0 + nk2): 6 rows × 4 column vectors per call.
 CABM_AVX512_BF16 inline void pv_avx512(const bf16* pt, int64_t ldp, int64_t ni, const bf16* vp, int64_t j0, int64_t nk2,
-                                       int64_t dvp, float* o, int64_t ldo) {
+                                       int64_t dvp, const float* alpha, float* o, int64_t ldo) {
+  constexpr int kRows = 6, kCols = 4;
   const bf16* vb = vp + packed_v_index(j0, 0, dvp);
-  const int64_t pairs = nk2 / 2;
-  int64_t r = 0;
-  for (; r + 6 <= ni; r += 6) pv_rows<6>(pt + r * ldp, ldp, vb, dvp, pairs, o + r * ldo, ldo);
-  for (; r < ni; ++r) pv_rows<1>(pt + r * ldp, ldp, vb, dvp, pairs, o + r * ldo, ldo);
+  const int64_t pairs = nk2 / 2, nvec = dvp / 16;
+  for (int64_t r = 0; r < ni; r += kRows) {
+    const int64_t mr = std::min<int64_t>(kRows, ni - r);
+    for (int64_t v = 0; v < nvec; v += kCols) {
+      const int64_t nv = std::min<int64_t>(kCols, nvec - v);
+      with_rows<kRows>(mr, [&]<int R>() {
+        with_rows<kCols>(nv, [&]<int V>() {
+          pv_block<R, V>(pt + r * ldp, ldp, vb + v * 32, dvp, pairs, alpha + r, o + r * ldo + v * 16, ldo);
+        });
+      });
+    }
+  }
 }
 
 // 2^x for x <= 0 (−inf → 0): the Cephes exp2f polynomial of simd.h (copied: that header
@@ -126,8 +148,13 @@ CABM_AVX512_BF16 inline __m512 exp2_nonpositive(__m512 x) {
   return _mm512_maskz_scalef_ps(live, poly, n);
 }
 
+// The row pass of the online softmax over one tile: x = s·qscale + mask, m' = max(m, max x),
+// P = exp2(x − m') summed into l = α·l + Σ P (α = exp2(m − m')), then P·z with dropout (z: the
+// tile's dropout factors, or null) and P rounded to bf16 into p [0, nk16). P is never subnormal
+// (exp2_nonpositive, z >= 1), so vcvtneps2bf16 rounds it exactly as float_to_bf16 does.
 CABM_AVX512_BF16 inline void softmax_rows_avx512(float* s, int64_t lds, int64_t ni, int64_t nk16, const float* mask,
-                                                 float qscale, float* m, float* l, float* alpha) {
+                                                 const float* z, float qscale, bf16* p, int64_t ldp, float* m,
+                                                 float* l, float* alpha) {
   const __m512 qs = _mm512_set1_ps(qscale);
   for (int64_t r = 0; r < ni; ++r) {
     float* x = s + r * lds;
@@ -141,14 +168,84 @@ CABM_AVX512_BF16 inline void softmax_rows_avx512(float* s, int64_t lds, int64_t 
     const float m_new = std::max(m[r], _mm512_reduce_max_ps(vmax));
     const __m512 mv = _mm512_set1_ps(m_new);
     __m512 vsum = _mm512_setzero_ps();
+    bf16* prow = p + r * ldp;
     for (int64_t c = 0; c < nk16; c += 16) {
-      const __m512 e = exp2_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(x + c), mv));
-      _mm512_storeu_ps(x + c, e);
+      __m512 e = exp2_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(x + c), mv));
       vsum = _mm512_add_ps(vsum, e);
+      if (z) e = _mm512_mul_ps(e, _mm512_loadu_ps(z + r * lds + c));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(prow + c), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
     }
-    alpha[r] = std::exp2(m[r] - m_new);
+    alpha[r] = m_new == m[r] ? 1.0f : std::exp2(m[r] - m_new);  // the call is skipped once the maximum settles
     l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(vsum);
     m[r] = m_new;
+  }
+}
+
+// S = Q·Kᵀ and the row pass of the online softmax in one step for a tile of at most
+// kFusedKeyBlocks·16 keys: MR rows' whole score rows stay in the accumulators, and the same
+// operations as scores_avx512 followed by softmax_rows_avx512 (same order, same bits) run on them
+// without storing S. mask, z: the tile's rows at stride lds (null: none).
+inline constexpr int kFusedKeyBlocks = 6;
+
+template <int MR, int NV, bool kMask, bool kDropout>
+CABM_AVX512_BF16 void scores_softmax_block(const bf16* qp, int64_t dp, const bf16* kblock, const float* mask,
+                                           const float* z, int64_t lds, float qscale, bf16* p, int64_t ldp, float* m,
+                                           float* l, float* alpha) {
+  __m512 acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  const int64_t pairs = dp / 2, block_stride = pairs * kPackedKeyBlock * 2;
+  for (int64_t c = 0; c < pairs; ++c) {
+    __m512i a[MR];
+    for (int r = 0; r < MR; ++r) a[r] = broadcast_pair(qp + r * dp + 2 * c);
+    for (int v = 0; v < NV; ++v) {
+      const __m512i b = _mm512_loadu_si512(kblock + v * block_stride + c * kPackedKeyBlock * 2);
+      for (int r = 0; r < MR; ++r) acc[r][v] = dot2(acc[r][v], a[r], b);
+    }
+  }
+  const __m512 qs = _mm512_set1_ps(qscale);
+  for (int r = 0; r < MR; ++r) {
+    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    for (int v = 0; v < NV; ++v) {
+      acc[r][v] = _mm512_mul_ps(acc[r][v], qs);
+      if constexpr (kMask) acc[r][v] = _mm512_add_ps(acc[r][v], _mm512_loadu_ps(mask + r * lds + v * 16));
+      vmax = _mm512_max_ps(vmax, acc[r][v]);
+    }
+    const float m_new = std::max(m[r], _mm512_reduce_max_ps(vmax));
+    const __m512 mv = _mm512_set1_ps(m_new);
+    __m512 vsum = _mm512_setzero_ps();
+    for (int v = 0; v < NV; ++v) {
+      __m512 e = exp2_nonpositive(_mm512_sub_ps(acc[r][v], mv));
+      vsum = _mm512_add_ps(vsum, e);
+      if constexpr (kDropout) e = _mm512_mul_ps(e, _mm512_loadu_ps(z + r * lds + v * 16));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + r * ldp + v * 16),
+                          reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
+    }
+    alpha[r] = m_new == m[r] ? 1.0f : std::exp2(m[r] - m_new);  // the call is skipped once the maximum settles
+    l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(vsum);
+    m[r] = m_new;
+  }
+}
+
+// The fused step over a tile of ni rows and nk16 <= kFusedKeyBlocks·16 keys, 4 rows at a time.
+CABM_AVX512_BF16 inline void scores_softmax_avx512(const bf16* qp, int64_t ni, const bf16* kp, int64_t j0,
+                                                   int64_t nk16, int64_t dp, const float* mask, const float* z,
+                                                   int64_t lds, float qscale, bf16* p, int64_t ldp, float* m, float* l,
+                                                   float* alpha) {
+  constexpr int kRows = 4;
+  const bf16* kb = kp + (j0 / kPackedKeyBlock) * (dp / 2) * kPackedKeyBlock * 2;
+  const int64_t nb = nk16 / kPackedKeyBlock;
+  for (int64_t r = 0; r < ni; r += kRows) {
+    const int64_t mr = std::min<int64_t>(kRows, ni - r);
+    const float* mr_mask = mask ? mask + r * lds : nullptr;
+    const float* mr_z = z ? z + r * lds : nullptr;
+    with_rows<kRows>(mr, [&]<int R>() {
+      with_rows<kFusedKeyBlocks>(nb, [&]<int V>() {
+        auto block = mask ? (z ? scores_softmax_block<R, V, true, true> : scores_softmax_block<R, V, true, false>)
+                          : (z ? scores_softmax_block<R, V, false, true> : scores_softmax_block<R, V, false, false>);
+        block(qp + r * dp, dp, kb, mr_mask, mr_z, lds, qscale, p + r * ldp, ldp, m + r, l + r, alpha + r);
+      });
+    });
   }
 }
 

@@ -448,14 +448,14 @@ void attention_flash_bf16_forward_amx(const Tensor& q, const Tensor& k, const Te
   const TileMask mask(options.mask, p.B, p.H, p.N, p.M);
 
   // Once per key/value head: the query heads of a group read the same packed K and V.
-  std::vector<bf16> kp(static_cast<size_t>(p.B * p.Hkv * p.Mp * p.dp));
-  std::vector<bf16> vp(static_cast<size_t>(p.B * p.Hkv * p.Mp * p.dvp));
+  const PackedKV packed = packed_kv_storage(p.B * p.Hkv * p.Mp * p.dp, p.B * p.Hkv * p.Mp * p.dvp);
+  bf16 *const kp = packed.k, *const vp = packed.v;
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < p.B; ++b)
     for (int64_t h = 0; h < p.Hkv; ++h)
-      pack_kv_head(k, v, b, h, p.Mp, p.dp, p.dvp, kp.data() + (b * p.Hkv + h) * p.Mp * p.dp,
-                   vp.data() + (b * p.Hkv + h) * p.Mp * p.dvp);
-  const Args args{q, out, kp.data(), vp.data(), lse ? lse->data<float>() : nullptr, options, mask, variants, p};
+      pack_kv_head(k, v, b, h, p.Mp, p.dp, p.dvp, kp + (b * p.Hkv + h) * p.Mp * p.dp,
+                   vp + (b * p.Hkv + h) * p.Mp * p.dvp);
+  const Args args{q, out, kp, vp, lse ? lse->data<float>() : nullptr, options, mask, variants, p};
 
   // Head by head, heaviest first within a head (see forward_work_items).
   const std::vector<QueryTileItem> items = forward_work_items(mask, p.H, p.N, kRows, 0, p.B * p.H);

@@ -181,41 +181,42 @@ void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int64_t h, in
     }
 
     // S = Q Kᵀ (fp32 accumulation), the variants (soft-cap, ALiBi), then per row: base-2 scaling
-    // and mask, running maximum, P = exp2(S − m) in fp32, l = alpha·l + Σ P in fp32.
+    // and mask, running maximum, P = exp2(S − m) in fp32, l = alpha·l + Σ P in fp32. Dropout
+    // scales the weights that meet V, not l (the reference drops after normalising); P is rounded
+    // to bf16 (the only rounding of the pass besides the inputs') and O = alpha ∘ O + P·V.
     float *m = buf.m.data(), *l = buf.l.data(), *alpha = buf.alpha.data();
     if (p.variants) args.variants.key_positions(j0, nk16, buf.kpos.data());
+    float* z = nullptr;
+    if (p.dropout) {
+      z = buf.z.data();
+      for (int64_t r = 0; r < ni; ++r) dropout.fill_row(i0 + r, j0, j0 + nk, p.keep_scale, z + r * buf.lds, 1);
+    }
+    const int64_t nk2 = round_up(nk, 2);
 #if defined(CABM_HAVE_AVX512_BF16_CODE)
     if (p.avx512) {
-      detail::scores_avx512(buf.q.data(), ni, kp, j0, nk16, p.dp, s, buf.lds);
-      if (p.variants) detail::variant_scores_avx512(args.variants, h, i0, ni, buf.kpos.data(), nk16, s, buf.lds);
-      detail::softmax_rows_avx512(s, buf.lds, ni, nk16, mask, qscale, m, l, alpha);
-    } else
-#endif
-    {
-      scores_portable(buf.q.data(), ni, kp, j0, nk16, p, s, buf.lds);
-      if (p.variants) detail::variant_scores_portable(args.variants, h, i0, ni, buf.kpos.data(), nk16, s, buf.lds);
-      softmax_rows_portable(s, buf.lds, ni, nk16, mask, qscale, m, l, alpha);
-    }
-    // Dropout scales the weights that meet V, not l (the reference drops after normalising).
-    if (p.dropout) {
-      float* z = buf.z.data();
-      for (int64_t r = 0; r < ni; ++r) {
-        dropout.fill_row(i0 + r, j0, j0 + nk, p.keep_scale, z + r * buf.lds, 1);
-        for (int64_t c = 0; c < nk; ++c) s[r * buf.lds + c] *= z[r * buf.lds + c];
+      if (!p.variants && nk16 <= detail::kFusedKeyBlocks * kKeyBlock) {
+        detail::scores_softmax_avx512(buf.q.data(), ni, kp, j0, nk16, p.dp, mask, z, buf.lds, qscale, buf.p.data(),
+                                      buf.ldp, m, l, alpha);
+      } else {
+        detail::scores_avx512(buf.q.data(), ni, kp, j0, nk16, p.dp, s, buf.lds);
+        if (p.variants) detail::variant_scores_avx512(args.variants, h, i0, ni, buf.kpos.data(), nk16, s, buf.lds);
+        detail::softmax_rows_avx512(s, buf.lds, ni, nk16, mask, z, qscale, buf.p.data(), buf.ldp, m, l, alpha);
       }
+      detail::pv_avx512(buf.p.data(), buf.ldp, ni, vp, j0, nk2, p.dvp, alpha, o, buf.ldo);
+      continue;
     }
-    // P rounded to bf16 (the only rounding of the pass besides the inputs'); O = alpha ∘ O.
-    const int64_t nk2 = round_up(nk, 2);
+#endif
+    scores_portable(buf.q.data(), ni, kp, j0, nk16, p, s, buf.lds);
+    if (p.variants) detail::variant_scores_portable(args.variants, h, i0, ni, buf.kpos.data(), nk16, s, buf.lds);
+    softmax_rows_portable(s, buf.lds, ni, nk16, mask, qscale, m, l, alpha);
     for (int64_t r = 0; r < ni; ++r) {
+      if (z)
+        for (int64_t c = 0; c < nk; ++c) s[r * buf.lds + c] *= z[r * buf.lds + c];
       float_to_bf16(s + r * buf.lds, buf.p.data() + r * buf.ldp, nk2);
       if (alpha[r] != 1.0f)
         for (int64_t c = 0; c < buf.ldo; ++c) o[r * buf.ldo + c] *= alpha[r];
     }
-#if defined(CABM_HAVE_AVX512_BF16_CODE)
-    if (p.avx512) detail::pv_avx512(buf.p.data(), buf.ldp, ni, vp, j0, nk2, p.dvp, o, buf.ldo);
-    else
-#endif
-      pv_portable(buf.p.data(), buf.ldp, ni, vp, j0, nk2, p, o, buf.ldo);
+    pv_portable(buf.p.data(), buf.ldp, ni, vp, j0, nk2, p, o, buf.ldo);
   }
 
   // One division per row; fully masked rows (l = 0) give 0 and lse = −inf.
@@ -553,14 +554,14 @@ void attention_flash_bf16_forward(const Tensor& q, const Tensor& k, const Tensor
   const TileMask mask(options.mask, p.B, p.H, p.N, p.M);
 
   // Once per key/value head: the query heads of a group read the same packed K and V.
-  std::vector<bf16> kp(static_cast<size_t>(p.B * p.Hkv * p.Mp * p.dp));
-  std::vector<bf16> vp(static_cast<size_t>(p.B * p.Hkv * p.Mp * p.dvp));
+  const detail::PackedKV packed = detail::packed_kv_storage(p.B * p.Hkv * p.Mp * p.dp, p.B * p.Hkv * p.Mp * p.dvp);
+  bf16 *const kp = packed.k, *const vp = packed.v;
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < p.B; ++b)
     for (int64_t h = 0; h < p.Hkv; ++h)
-      detail::pack_kv_head(k, v, b, h, p.Mp, p.dp, p.dvp, kp.data() + (b * p.Hkv + h) * p.Mp * p.dp,
-                           vp.data() + (b * p.Hkv + h) * p.Mp * p.dvp);
-  const Args args{q, out, kp.data(), vp.data(), lse ? lse->data<float>() : nullptr, options, mask, variants, p};
+      detail::pack_kv_head(k, v, b, h, p.Mp, p.dp, p.dvp, kp + (b * p.Hkv + h) * p.Mp * p.dp,
+                           vp + (b * p.Hkv + h) * p.Mp * p.dvp);
+  const Args args{q, out, kp, vp, lse ? lse->data<float>() : nullptr, options, mask, variants, p};
 
   // Head by head, heaviest first within a head (see forward_work_items).
   const std::vector<QueryTileItem> items = forward_work_items(mask, p.H, p.N, p.block_q, 0, p.B * p.H);
