@@ -22,19 +22,23 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The machine a decision holds for: CPU model and both libraries' versions and builds.
+// The CPU by its model name, family and model number (virtual machines often report one name,
+// "AMD EPYC", for a Zen 3 and a Zen 4, whose best routes differ), and the two libraries' builds.
 std::string machine_id() {
-  std::string cpu = "unknown CPU";
+  std::string cpu = "unknown CPU", family = "?", model = "?";
   std::ifstream info("/proc/cpuinfo");
-  for (std::string line; std::getline(info, line);) {
-    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
-      cpu = line.substr(line.find(':') + 2);
-      break;
-    }
+  for (std::string line; std::getline(info, line) && !line.empty();) {  // the first processor's lines
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const std::string field = line.substr(0, line.find_last_not_of(" \t", colon - 1) + 1);
+    const std::string value = line.substr(std::min(line.size(), colon + 2));
+    if (field == "model name") cpu = value;
+    if (field == "cpu family") family = value;
+    if (field == "model") model = value;
   }
   const dnnl_version_t* v = dnnl_version();
-  std::string id = fmt::format("{} | oneDNN {}.{}.{} | OpenBLAS {}", cpu, v->major, v->minor, v->patch,
-                               openblas_get_config());
+  std::string id = fmt::format("{} (family {} model {}) | oneDNN {}.{}.{} | OpenBLAS {}", cpu, family, model, v->major,
+                               v->minor, v->patch, openblas_get_config());
   std::replace(id.begin(), id.end(), '\t', ' ');
   return id;
 }

@@ -329,6 +329,15 @@ TEST(GemmRoute, DecidedOnceKeptInWisdom) {
                 ? GemmLibrary::kOpenBlas
                 : GemmLibrary::kOneDnn);
   EXPECT_EQ(count_lines(wisdom), 1);
+  {
+    // The line names the CPU by family and model too: "AMD EPYC" is both a Zen 3 and a Zen 4.
+    std::string line;
+    std::getline(std::ifstream(wisdom), line);
+    EXPECT_NE(line.find(" (family "), std::string::npos) << line;
+#if defined(__x86_64__)  // other CPUs' /proc/cpuinfo has no family and model lines
+    EXPECT_EQ(line.find("family ? model ?"), std::string::npos) << line;
+#endif
+  }
   EXPECT_NE(gemm_route_summary().find("TN M~512 N~256 K~256 ld 300 256 256 t"), std::string::npos) << gemm_route_summary();
 
   reset_gemm_routes(wisdom);  // a new process on the same machine
