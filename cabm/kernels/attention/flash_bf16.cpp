@@ -3,6 +3,7 @@
 #include "cabm/kernels/attention/bf16_packing.h"
 #include "cabm/kernels/attention/bf16_variants.h"
 #include "cabm/kernels/attention/flash_amx.h"
+#include "cabm/kernels/attention/flash_bf16_backward.h"
 #include "cabm/kernels/attention/flash_detail.h"
 #include "cabm/kernels/attention/tile_mask.h"
 
@@ -445,8 +446,8 @@ Path forward_path() {
 
 Path backward_path() {
   const Path path = forward_path();
-  // No vdpbf16ps or AMX backward (yet): AVX-512 BF16 CPUs take the fp32 SIMD tiles, which they have.
-  return path == Path::kAvx512Bf16 || path == Path::kAmxBf16 ? (have_simd_fp32() ? Path::kSimdFp32 : Path::kPortable) : path;
+  // No AMX backward (yet): AMX CPUs take the vdpbf16ps one (attention/flash_bf16_backward.cpp).
+  return path == Path::kAmxBf16 ? Path::kAvx512Bf16 : path;
 }
 
 const char* path_name(Path path) {
@@ -486,8 +487,9 @@ void check_backward_shapes(const AttentionSaved& saved, const Tensor& dout, cons
 
 bool flash_bf16_supports_variants(int64_t H, int64_t Hkv, const AttentionOptions& options, bool backward) {
   if (Hkv < 1 || H % Hkv != 0) return false;
-  // The backward's paths are the fp32 SIMD tiles (attention/flash.cpp) and the portable one here,
-  // which runs every variant; a process may take either (the override), so both must.
+  // The backward's paths are the fp32 SIMD tiles (attention/flash.cpp), the vdpbf16ps one (GQA but
+  // no score variants: those go to the SIMD tiles) and the portable one here, which runs every
+  // variant; a process may take any of them (the override), so the SIMD tiles' limits apply.
   if (backward) return flash_supports_variants(H, Hkv, options);
   // The forward's own paths (amx_bf16, avx512_bf16, portable) run every variant.
   return forward_path() != Path::kSimdFp32 || flash_supports_variants(H, Hkv, options);
@@ -501,13 +503,21 @@ void attention_flash_bf16_backward(const AttentionSaved& saved, const Tensor& do
   check_backward_shapes(saved, dout, grads);
   CABM_CHECK(options.dropout >= 0.0f && options.dropout < 1.0f, "dropout {} outside [0, 1)", options.dropout);
   check_attention_variants(options, saved.q.size(2), saved.q.size(1), saved.k.size(1));
-  const bool simd = backward_path() == Path::kSimdFp32;
+  Path path = backward_path();
+  // The vdpbf16ps backward runs GQA but not the score variants: those take the fp32 SIMD tiles.
+  if (path == Path::kAvx512Bf16 &&
+      detail::ScoreVariants(options, saved.q.size(1), saved.k.size(1), saved.q.size(3)).active())
+    path = have_simd_fp32() ? Path::kSimdFp32 : Path::kPortable;
+  const bool simd = path == Path::kSimdFp32;
   CABM_CHECK(!simd || flash_supports_variants(saved.q.size(2), saved.k.size(2), options),
              "attention_flash_bf16_backward on path {}: these variants (GQA, soft-cap, ALiBi) take the reference "
              "kernel (attention_backward)",
-             attention_flash_bf16_backward_path());
+             path_name(path));
   if (saved.q.size(0) * saved.q.size(2) == 0) return;
-  if (simd) {
+  if (path == Path::kAvx512Bf16) {
+    detail::attention_flash_bf16_backward_avx512(
+        saved, dout, options, grads, flash_resolved_config(config, options, saved.q.size(3), saved.q.size(1), true));
+  } else if (simd) {
     detail::attention_flash_bf16_backward_simd(saved, dout, options, grads, config);
   } else {
     attention_flash_bf16_backward_portable(saved, dout, options, grads, config);
