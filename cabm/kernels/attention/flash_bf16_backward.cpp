@@ -2,15 +2,18 @@
 // Algorithm 2) with its five block products on vdpbf16ps, through the two micro-kernels of the
 // forward (attention/bf16_avx512.h):
 //   scores_avx512  A rows · Bᵀ, B packed in 16-key blocks of element pairs:  S = Q·Kᵀ, dP = dO·Vᵀ
-//   pv_avx512      A rows of pairs · B packed in pairs of rows:  dV += (P∘z)ᵀ·dO, dK += dSᵀ·Q,
+//   pv_avx512      A rows of pairs · B packed in pairs of rows:  dVᵀ += dOᵀ·(P∘z), dKᵀ += Qᵀ·dS,
 //                  dQ += dS·K
+// dV and dK are computed transposed (keys along the lanes) so that the tile operand, P∘z or dS,
+// is packed by interleaving two of its rows, which the pass that computes it has in registers;
+// dOᵀ and Qᵀ are packed once per query head.
 // The operands are rounded to bf16 at the points the portable path rounds them (dO, P∘z, dS; the
 // inputs are bf16 already), every sum is fp32, so the results equal the portable path's up to the
 // order of fp32 sums (attention/flash_bf16.cpp derives the backward).
 //
 // One work item is a key/value head (b, hk). Its query heads' Q and dO are packed once; then key
 // tile by key tile (K and V packed for the tile), query head by head, query tile by query tile:
-// dK and dV of the key tile accumulate in registers' worth of scratch and are written once, dQ of
+// dKᵀ and dVᵀ of the key tile accumulate in per-thread scratch and are written once, dQ of
 // every row of the group accumulates in per-thread scratch and is written at the end. Each
 // gradient element has one writer and a fixed order of sums: the result is bitwise the same for
 // any thread count. Score variants (soft-cap, ALiBi) are not run here (the caller sends them to
@@ -65,36 +68,36 @@ void pack_row_blocks(const bf16* src, int64_t stride, int64_t n, int64_t cols, i
 }
 
 // Per-thread buffers. Per query head u of the group: Q rows [N][dp] and dO rows [N][dvp2] (bf16,
-// the A operands of S and dP), Q and dO packed per query tile as pairs of rows
-// [tiles][bq2/2][dqp|dvp][2] (the B operands of dK and dV), lse2 and D [N], dq [N][dqp]. Per key
-// tile: K as 16-key blocks [bk16/16][dp/2][16][2] and V likewise (dvp2), K as pairs of keys
-// [bk16/2][dqp][2], the dK and dV accumulators [bk16][dqp|dvp]. Per tile pair: S and dP [bq][lds],
-// the mask and dropout rows, dS [bq][bk16] and (P∘z)ᵀ, dSᵀ [bk16][bq2] in bf16.
+// the A operands of S and dP), Qᵀ and dOᵀ per query tile [tiles][d|dv][bq2] (bf16, the A operands
+// of dKᵀ and dVᵀ), lse2 and D [N], dq [N][dqp]. Per key tile: K and V as 16-key blocks
+// [bk16/16][dp|dvp2 / 2][16][2], K as pairs of keys [bk16/2][dqp][2], the dKᵀ and dVᵀ accumulators
+// [d|dv][bk16]. Per tile pair: S and dP [bq][lds], the mask and dropout rows, dS [bq][lds] in bf16
+// (A of dQ), and P∘z and dS as pairs of query rows [bq2/2][bk16][2] (B of dVᵀ and dKᵀ).
 struct Buffers {
-  std::vector<bf16> q, g, qpairs, gpairs, kblocks, vblocks, kpairs, ds, pzt, dst;
-  std::vector<float> lse2, delta, dq, dk, dv, s, dpp, mask, z, ones;
+  std::vector<bf16> q, g, qt, gt, kblocks, vblocks, kpairs, ds, pz_pairs, ds_pairs;
+  std::vector<float> lse2, delta, dq, dkt, dvt, s, dpp, mask, z, ones;
   int64_t lds;
   explicit Buffers(const Problem& p)
       : q(static_cast<size_t>(p.group * p.N * p.dp)),
         g(static_cast<size_t>(p.group * p.N * p.dvp2)),
-        qpairs(static_cast<size_t>(p.group * p.query_tiles * p.bq2 * p.dqp)),
-        gpairs(static_cast<size_t>(p.group * p.query_tiles * p.bq2 * p.dvp)),
+        qt(static_cast<size_t>(p.group * p.query_tiles * p.d * p.bq2)),
+        gt(static_cast<size_t>(p.group * p.query_tiles * p.dv * p.bq2)),
         kblocks(static_cast<size_t>(p.bk16 * p.dp)),
         vblocks(static_cast<size_t>(p.bk16 * p.dvp2)),
         kpairs(static_cast<size_t>(p.bk16 * p.dqp)),
         ds(static_cast<size_t>(p.block_q * p.bk16)),
-        pzt(static_cast<size_t>(p.bk16 * p.bq2)),
-        dst(static_cast<size_t>(p.bk16 * p.bq2)),
+        pz_pairs(static_cast<size_t>(p.bq2 * p.bk16)),
+        ds_pairs(static_cast<size_t>(p.bq2 * p.bk16)),
         lse2(static_cast<size_t>(p.group * p.N)),
         delta(static_cast<size_t>(p.group * p.N)),
         dq(static_cast<size_t>(p.group * p.N * p.dqp)),
-        dk(static_cast<size_t>(p.bk16 * p.dqp)),
-        dv(static_cast<size_t>(p.bk16 * p.dvp)),
+        dkt(static_cast<size_t>(p.d * p.bk16)),
+        dvt(static_cast<size_t>(p.dv * p.bk16)),
         s(static_cast<size_t>(p.block_q * p.bk16)),
         dpp(static_cast<size_t>(p.block_q * p.bk16)),
         mask(static_cast<size_t>(p.block_q * p.bk16)),
         z(static_cast<size_t>(p.block_q * p.bk16)),
-        ones(static_cast<size_t>(std::max(p.bq2, p.bk16)), 1.0f),
+        ones(static_cast<size_t>(std::max({p.bq2, p.dqp, p.dvp})), 1.0f),
         lds(p.bk16) {}
 };
 
@@ -133,54 +136,65 @@ void begin_query_head(const Args& args, Buffers& buf, int64_t b, int64_t h, int6
     if (p.dvp2 > p.dv) grows[i * p.dvp2 + p.dv] = bf16{0};
     buf.lse2[u * p.N + i] = lse[i] == -INFINITY ? INFINITY : lse[i] * kLog2e;
   }
-  for (int64_t t = 0; t < p.query_tiles; ++t) {
-    const int64_t i0 = t * p.block_q, ni = std::min(p.block_q, p.N - i0);
-    pack_row_pairs(qrows + i0 * p.dp, p.dp, ni, p.d, p.bq2, p.dqp,
-                   buf.qpairs.data() + (u * p.query_tiles + t) * p.bq2 * p.dqp);
-    pack_row_pairs(grows + i0 * p.dvp2, p.dvp2, ni, p.dv, p.bq2, p.dvp,
-                   buf.gpairs.data() + (u * p.query_tiles + t) * p.bq2 * p.dvp);
+  // Qᵀ and dOᵀ of each query tile, zero past its last row.
+  bf16* qt = buf.qt.data() + u * p.query_tiles * p.d * p.bq2;
+  bf16* gt = buf.gt.data() + u * p.query_tiles * p.dv * p.bq2;
+  std::fill_n(qt, p.query_tiles * p.d * p.bq2, bf16{0});
+  std::fill_n(gt, p.query_tiles * p.dv * p.bq2, bf16{0});
+  for (int64_t i = 0; i < p.N; ++i) {
+    const int64_t t = i / p.block_q, r = i % p.block_q;
+    for (int64_t c = 0; c < p.d; ++c) qt[(t * p.d + c) * p.bq2 + r] = qrows[i * p.dp + c];
+    for (int64_t c = 0; c < p.dv; ++c) gt[(t * p.dv + c) * p.bq2 + r] = grows[i * p.dvp2 + c];
   }
   std::fill_n(buf.dq.data() + u * p.N * p.dqp, p.N * p.dqp, 0.0f);
 }
 
+// Rows r (and r + 1) of the tile's bf16 P∘z or dS, 16 keys each, as 16 pairs (p_r, p_r+1): the
+// B operand layout [rows/2][bk16][2] of pv_avx512.
+CABM_AVX512_BF16 inline void store_row_pair(__m256i row0, __m256i row1, bf16* pairs) {
+  alignas(64) static constexpr uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                           8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(row0), row1, 1);
+  _mm512_storeu_si512(pairs, _mm512_permutexvar_epi16(_mm512_load_si512(kInterleave), both));
+}
+
 // From S and dP of a tile (ni rows, nk keys; lanes past nk are padding): P = exp2(min(S·qscale +
-// mask − lse2, 0)) in fp32, dS = bf16(P·(dP·z − D)) into ds rows and dst columns, bf16(P·z) into
-// pzt columns. Padding keys and query pairs get zeros.
+// mask − lse2, 0)) in fp32, dS = bf16(P·(dP·z − D)) into ds rows and ds_pairs, bf16(P·z) into
+// pz_pairs (pairs of rows [ni2/2][nk16][2]). Padding keys, and the odd row of a last row pair, get
+// zeros.
 CABM_AVX512_BF16 void tile_gradients(const Problem& p, Buffers& buf, int64_t ni, int64_t nk, const float* lse2,
                                      const float* delta, bool masked) {
   const int64_t lds = buf.lds, nk16 = round_up(nk, kBlock);
   const __m512 qs = _mm512_set1_ps(p.qscale), zero = _mm512_setzero_ps();
-  alignas(64) bf16 pz_row[16], ds_row[16];
-  for (int64_t r = 0; r < ni; ++r) {
-    const float* srow = buf.s.data() + r * lds;
-    const float* dprow = buf.dpp.data() + r * lds;
-    const __m512 l2 = _mm512_set1_ps(lse2[r]), dr = _mm512_set1_ps(delta[r]);
-    bf16* dsrow = buf.ds.data() + r * lds;
+  for (int64_t r0 = 0; r0 < ni; r0 += 2) {
     for (int64_t c = 0; c < nk16; c += 16) {
       const __mmask16 live = nk - c >= 16 ? __mmask16(0xffff) : __mmask16((1u << (nk - c)) - 1);
-      __m512 t = _mm512_mul_ps(_mm512_loadu_ps(srow + c), qs);
-      if (masked) t = _mm512_add_ps(t, _mm512_loadu_ps(buf.mask.data() + r * lds + c));
-      t = _mm512_min_ps(_mm512_sub_ps(t, l2), zero);  // recomputed scores may pass lse by rounding
-      const __m512 prob = _mm512_maskz_mov_ps(live, exp2_nonpositive(t));
-      __m512 dprob = _mm512_loadu_ps(dprow + c), pz = prob;
-      if (p.dropout) {
-        const __m512 z = _mm512_loadu_ps(buf.z.data() + r * lds + c);
-        dprob = _mm512_mul_ps(dprob, z);
-        pz = _mm512_mul_ps(prob, z);
+      __m256i pz16[2], ds16[2];
+      for (int64_t h = 0; h < 2; ++h) {
+        const int64_t r = r0 + h;
+        if (r == ni) {
+          pz16[h] = ds16[h] = _mm256_setzero_si256();
+          continue;
+        }
+        __m512 t = _mm512_mul_ps(_mm512_loadu_ps(buf.s.data() + r * lds + c), qs);
+        if (masked) t = _mm512_add_ps(t, _mm512_loadu_ps(buf.mask.data() + r * lds + c));
+        t = _mm512_min_ps(_mm512_sub_ps(t, _mm512_set1_ps(lse2[r])), zero);  // recomputed scores may pass lse
+        const __m512 prob = _mm512_maskz_mov_ps(live, exp2_nonpositive(t));
+        __m512 dprob = _mm512_loadu_ps(buf.dpp.data() + r * lds + c), pz = prob;
+        if (p.dropout) {
+          const __m512 z = _mm512_loadu_ps(buf.z.data() + r * lds + c);
+          dprob = _mm512_mul_ps(dprob, z);
+          pz = _mm512_mul_ps(prob, z);
+        }
+        const __m512 dt = _mm512_mul_ps(prob, _mm512_sub_ps(dprob, _mm512_set1_ps(delta[r])));
+        ds16[h] = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(dt));
+        pz16[h] = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(pz));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(buf.ds.data() + r * lds + c), ds16[h]);
       }
-      const __m512 dt = _mm512_mul_ps(prob, _mm512_sub_ps(dprob, dr));
-      const __m256i dt16 = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(dt));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsrow + c), dt16);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(ds_row), dt16);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(pz_row), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(pz)));
-      for (int64_t e = 0; e < 16; ++e) {
-        buf.pzt[(c + e) * p.bq2 + r] = pz_row[e];
-        buf.dst[(c + e) * p.bq2 + r] = ds_row[e];
-      }
+      store_row_pair(pz16[0], pz16[1], buf.pz_pairs.data() + packed_v_index(r0, c, nk16));
+      store_row_pair(ds16[0], ds16[1], buf.ds_pairs.data() + packed_v_index(r0, c, nk16));
     }
   }
-  if (ni < p.bq2)  // the odd row of the last query pair
-    for (int64_t c = 0; c < nk16; ++c) buf.pzt[c * p.bq2 + ni] = buf.dst[c * p.bq2 + ni] = bf16{0};
 }
 
 void backward_kv_head(const Args& args, Buffers& buf, int64_t b, int64_t hk) {
@@ -194,8 +208,8 @@ void backward_kv_head(const Args& args, Buffers& buf, int64_t b, int64_t hk) {
     pack_row_blocks(kh + j0 * k.stride(1), k.stride(1), nk, p.d, nk16, p.dp, buf.kblocks.data());
     pack_row_blocks(vh + j0 * v.stride(1), v.stride(1), nk, p.dv, nk16, p.dvp2, buf.vblocks.data());
     pack_row_pairs(kh + j0 * k.stride(1), k.stride(1), nk, p.d, nk16, p.dqp, buf.kpairs.data());
-    std::fill(buf.dk.begin(), buf.dk.end(), 0.0f);
-    std::fill(buf.dv.begin(), buf.dv.end(), 0.0f);
+    std::fill(buf.dkt.begin(), buf.dkt.end(), 0.0f);
+    std::fill(buf.dvt.begin(), buf.dvt.end(), 0.0f);
     const Range query_range = args.mask.query_range(b, keys);
     for (int64_t u = 0; u < p.group; ++u) {
       const int64_t h = hk * p.group + u;
@@ -207,7 +221,8 @@ void backward_kv_head(const Args& args, Buffers& buf, int64_t b, int64_t hk) {
         if (kind == TileKind::kSkip) continue;
         if (kind == TileKind::kPartial) args.mask.fill(b, h, rows, keys, kLog2e, buf.mask.data(), buf.lds, 1);
         if (p.dropout)
-          for (int64_t r = 0; r < ni; ++r) dropout.fill_row(i0 + r, j0, j0 + nk, p.keep_scale, buf.z.data() + r * buf.lds, 1);
+          for (int64_t r = 0; r < ni; ++r)
+            dropout.fill_row(i0 + r, j0, j0 + nk, p.keep_scale, buf.z.data() + r * buf.lds, 1);
         const bf16* qrows = buf.q.data() + (u * p.N + i0) * p.dp;
         const bf16* grows = buf.g.data() + (u * p.N + i0) * p.dvp2;
         scores_avx512(qrows, ni, buf.kblocks.data(), 0, nk16, p.dp, buf.s.data(), buf.lds);
@@ -215,18 +230,19 @@ void backward_kv_head(const Args& args, Buffers& buf, int64_t b, int64_t hk) {
         tile_gradients(p, buf, ni, nk, buf.lse2.data() + u * p.N + i0, buf.delta.data() + u * p.N + i0,
                        kind == TileKind::kPartial);
         const float* ones = buf.ones.data();
-        pv_avx512(buf.pzt.data(), p.bq2, nk, buf.gpairs.data() + (u * p.query_tiles + t) * p.bq2 * p.dvp, 0, ni2,
-                  p.dvp, ones, buf.dv.data(), p.dvp);
-        pv_avx512(buf.dst.data(), p.bq2, nk, buf.qpairs.data() + (u * p.query_tiles + t) * p.bq2 * p.dqp, 0, ni2,
-                  p.dqp, ones, buf.dk.data(), p.dqp);
+        const bf16* gt = buf.gt.data() + (u * p.query_tiles + t) * p.dv * p.bq2;
+        const bf16* qt = buf.qt.data() + (u * p.query_tiles + t) * p.d * p.bq2;
+        pv_avx512(gt, p.bq2, p.dv, buf.pz_pairs.data(), 0, ni2, nk16, ones, buf.dvt.data(), p.bk16);
+        pv_avx512(qt, p.bq2, p.d, buf.ds_pairs.data(), 0, ni2, nk16, ones, buf.dkt.data(), p.bk16);
         pv_avx512(buf.ds.data(), buf.lds, ni, buf.kpairs.data(), 0, nk2, p.dqp, ones,
                   buf.dq.data() + (u * p.N + i0) * p.dqp, p.dqp);
       }
     }
     for (int64_t j = 0; j < nk; ++j) {
       float* dkrow = f32_row(args.grads.dk, b, j0 + j, hk);
-      for (int64_t e = 0; e < p.d; ++e) dkrow[e] = buf.dk[j * p.dqp + e] * p.scale;
-      std::copy_n(buf.dv.data() + j * p.dvp, p.dv, f32_row(args.grads.dv, b, j0 + j, hk));
+      for (int64_t e = 0; e < p.d; ++e) dkrow[e] = buf.dkt[e * p.bk16 + j] * p.scale;
+      float* dvrow = f32_row(args.grads.dv, b, j0 + j, hk);
+      for (int64_t e = 0; e < p.dv; ++e) dvrow[e] = buf.dvt[e * p.bk16 + j];
     }
   }
   for (int64_t u = 0; u < p.group; ++u)
