@@ -8,6 +8,7 @@
 #include "cabm/io/hf_tokenizer.h"
 #include "cabm/io/safetensors.h"
 
+#include "util/hf_tokenizer_fixtures.h"
 #include "util/test_util.h"
 
 #include <nlohmann/json.hpp>
@@ -20,24 +21,15 @@ namespace {
 
 using nlohmann::json;
 
-std::string hf_dir() {
-  return std::string(CABM_HF_FIXTURES_DIR) + "/tokenizers";
-}
-
-const json& expected() {
-  static const json doc = json::parse(test::read_file(hf_dir() + "/expected.json"));
-  return doc;
-}
-
 std::string model_dir(const std::string& name) {
-  return expected()["tokenizers"][name]["dir"].get<std::string>();
+  return test::hf_tokenizers_expected()["tokenizers"][name]["dir"].get<std::string>();
 }
 
 std::string first_file() {
-  return hf_dir() + "/pairs_first.txt";
+  return test::hf_tokenizers_dir() + "/pairs_first.txt";
 }
 std::string second_file() {
-  return hf_dir() + "/pairs_second.txt";
+  return test::hf_tokenizers_dir() + "/pairs_second.txt";
 }
 
 void write_bytes(const std::string& path, const std::string& bytes) {
@@ -57,7 +49,7 @@ void expect_rows_equal(const Tensor& got, const Tensor& want, const std::string&
   SCOPED_TRACE(what);
   ASSERT_EQ(got.dtype(), DType::I64);
   ASSERT_EQ(got.shape(), want.shape());
-  const json& pairs = expected()["pairs"];
+  const json& pairs = test::hf_tokenizers_expected()["pairs"];
   for (int64_t i = 0; i < want.shape()[0]; ++i)
     EXPECT_EQ(row(got, i), row(want, i)) << "pair " << i + 1 << ": " << pairs[static_cast<size_t>(i)].dump()
                                          << "\n  cabm:         " << json(row(got, i)).dump()
@@ -67,7 +59,7 @@ void expect_rows_equal(const Tensor& got, const Tensor& want, const std::string&
 // The lengths tokenizers' truncate_encodings kept of a words "a" and b words "b" for every
 // max_length from 3 to 21 (bert_uncased: one token each, 3 special tokens around a pair).
 TEST(HfPairs, LongestFirstKeepsWhatTheLibraryKeeps) {
-  const json& rows = expected().at("longest_first");
+  const json& rows = test::hf_tokenizers_expected().at("longest_first");
   ASSERT_GE(rows.size(), 3000u);
   for (const json& r : rows) {
     const int64_t a = r[0], b = r[1], max_length = r[2];
@@ -79,18 +71,18 @@ TEST(HfPairs, LongestFirstKeepsWhatTheLibraryKeeps) {
 
 TEST(HfPairs, EveryFamilyMatchesTransformers) {
   std::vector<std::string> firsts, seconds;
-  for (const json& p : expected().at("pairs")) {
+  for (const json& p : test::hf_tokenizers_expected().at("pairs")) {
     firsts.push_back(p[0]);
     seconds.push_back(p[1]);
   }
   ASSERT_GE(firsts.size(), 50u);
   int compared = 0;
-  for (const auto& [name, entry] : expected().at("tokenizers").items()) {
+  for (const auto& [name, entry] : test::hf_tokenizers_expected().at("tokenizers").items()) {
     SCOPED_TRACE(name);
     const HfTokenizer tok = HfTokenizer::load(entry.at("dir").get<std::string>());
     const int64_t special = entry.at("pair_special");
     EXPECT_EQ(tok.special_token_count(true), special);
-    const SafetensorsFile want = read_safetensors(hf_dir() + "/" + name + ".pairs.safetensors");
+    const SafetensorsFile want = read_safetensors(test::hf_tokenizers_dir() + "/" + name + ".pairs.safetensors");
     for (const int64_t max_length : entry.at("pair_max_lengths").get<std::vector<int64_t>>()) {
       std::vector<TokenizedText> encoded;
       for (size_t i = 0; i < firsts.size(); ++i) encoded.push_back(tok.encode_pair(firsts[i], seconds[i], max_length));
@@ -110,11 +102,11 @@ TEST(HfPairs, EveryFamilyMatchesTransformers) {
 // bert_uncased's tokenizer.json with another post-processor, against the tokenizers library.
 TEST(HfPairs, PostProcessorsOfTokenizerJson) {
   std::vector<std::string> firsts, seconds;
-  for (const json& p : expected().at("pairs")) {
+  for (const json& p : test::hf_tokenizers_expected().at("pairs")) {
     firsts.push_back(p[0]);
     seconds.push_back(p[1]);
   }
-  const json& variants = expected().at("processor_variants");
+  const json& variants = test::hf_tokenizers_expected().at("processor_variants");
   ASSERT_EQ(variants.size(), 4u);
   for (const auto& [name, entry] : variants.items()) {
     SCOPED_TRACE(name);
@@ -168,9 +160,9 @@ TEST(HfPairs, BadPairTemplatesRefusePairsOnly) {
 // ---- `cabm tokenize --pair-input` ------------------------------------------------------------
 
 void expect_file_equals_fixture(const std::string& out, const std::string& name, int64_t max_length) {
-  const json& entry = expected()["tokenizers"][name];
+  const json& entry = test::hf_tokenizers_expected()["tokenizers"][name];
   const SafetensorsFile got = read_safetensors(out);
-  const SafetensorsFile want = read_safetensors(hf_dir() + "/" + name + ".pairs.safetensors");
+  const SafetensorsFile want = read_safetensors(test::hf_tokenizers_dir() + "/" + name + ".pairs.safetensors");
   const bool types = entry.at("has_token_types");
   EXPECT_EQ(got.tensors.size(), types ? 3u : 2u);
   EXPECT_EQ(got.find("token_type_ids") != nullptr, types);

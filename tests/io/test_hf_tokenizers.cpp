@@ -12,6 +12,7 @@
 #include "cabm/io/unicode_text.h"
 #include "cabm/io/wordpiece.h"
 
+#include "util/hf_tokenizer_fixtures.h"
 #include "util/test_util.h"
 
 #include <nlohmann/json.hpp>
@@ -24,17 +25,8 @@ namespace {
 
 using nlohmann::json;
 
-std::string hf_dir() {
-  return std::string(CABM_HF_FIXTURES_DIR) + "/tokenizers";
-}
-
-const json& expected() {
-  static const json doc = json::parse(test::read_file(hf_dir() + "/expected.json"));
-  return doc;
-}
-
 std::vector<std::string> corpus() {
-  return expected().at("corpus").get<std::vector<std::string>>();
+  return test::hf_tokenizers_expected().at("corpus").get<std::vector<std::string>>();
 }
 
 void write_bytes(const std::string& path, const std::string& bytes) {
@@ -55,8 +47,8 @@ bool matches(const json& entry, size_t line, const std::vector<int64_t>& ids, co
 TEST(HfTokenizers, IdsOfEveryCorpusLineMatchTransformers) {
   const std::vector<std::string> lines = corpus();
   ASSERT_GE(lines.size(), 40u);
-  ASSERT_GE(expected().at("tokenizers").size(), 13u);
-  for (const auto& [name, entry] : expected().at("tokenizers").items()) {
+  ASSERT_GE(test::hf_tokenizers_expected().at("tokenizers").size(), 13u);
+  for (const auto& [name, entry] : test::hf_tokenizers_expected().at("tokenizers").items()) {
     SCOPED_TRACE(name);
     const HfTokenizer tok = HfTokenizer::load(entry.at("dir").get<std::string>());
     EXPECT_EQ(tok.pad_id(), entry.at("pad_id").get<int64_t>());
@@ -81,7 +73,7 @@ TEST(HfTokenizers, IdsOfEveryCorpusLineMatchTransformers) {
 // The corpus exercises what it claims: unknown tokens, truncation to the maximum, and special
 // tokens written in the text.
 TEST(HfTokenizers, CorpusCoversUnknownsTruncationAndSpecials) {
-  const json& bert = expected()["tokenizers"]["all_minilm_l6_v2"];
+  const json& bert = test::hf_tokenizers_expected()["tokenizers"]["all_minilm_l6_v2"];
   int unknown = 0, truncated = 0, mask = 0;
   for (const json& ids : bert["input_ids"]) {
     for (const json& id : ids) {
@@ -96,19 +88,19 @@ TEST(HfTokenizers, CorpusCoversUnknownsTruncationAndSpecials) {
 }
 
 TEST(HfTokenizers, TokenizeCommandWritesWhatTransformersReturns) {
-  const std::string corpus_file = hf_dir() + "/corpus.txt";
+  const std::string corpus_file = test::hf_tokenizers_dir() + "/corpus.txt";
   for (const std::string name :
        {"all_minilm_l6_v2", "bert_uncased", "bert_cased_strip_accents", "bert_vocab_txt", "distilbert", "roberta",
         "roberta_prefix_space", "roberta_files", "xlmr", "xlmr_spm_only", "xlmr_unigram"}) {
     SCOPED_TRACE(name);
-    const json& entry = expected()["tokenizers"][name];
+    const json& entry = test::hf_tokenizers_expected()["tokenizers"][name];
     const std::string out = test::temp_dir() + "/" + name + ".safetensors";
     const auto r = test::run_cabm("tokenize --model " + entry["dir"].get<std::string>() + " --input " + corpus_file +
                                   " --output " + out);
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_TRUE(r.err.empty()) << r.err;
     const SafetensorsFile got = read_safetensors(out);
-    const SafetensorsFile want = read_safetensors(hf_dir() + "/" + name + ".expected.safetensors");
+    const SafetensorsFile want = read_safetensors(test::hf_tokenizers_dir() + "/" + name + ".expected.safetensors");
     ASSERT_EQ(got.tensors.size(), want.tensors.size());
     for (const auto& [key, tensor] : want.tensors) {
       SCOPED_TRACE(key);
@@ -122,7 +114,7 @@ TEST(HfTokenizers, TokenizeCommandWritesWhatTransformersReturns) {
 // --max-length, standard input, \r\n line ends, a last line without a newline.
 TEST(HfTokenizers, TokenizeCommandReadsStandardInputWithCrLf) {
   const std::vector<std::string> lines = corpus();
-  const json& entry = expected()["tokenizers"]["all_minilm_l6_v2"];
+  const json& entry = test::hf_tokenizers_expected()["tokenizers"]["all_minilm_l6_v2"];
   std::string text;
   for (size_t i = 0; i < 12; ++i) text += lines[i] + (i + 1 < 12 ? "\r\n" : "");
   const std::string in = test::temp_dir() + "/crlf.txt", out = test::temp_dir() + "/crlf.safetensors";
@@ -151,17 +143,17 @@ TEST(HfTokenizers, TokenizeCommandReadsStandardInputWithCrLf) {
 }
 
 std::string corpus_file() {
-  return hf_dir() + "/corpus.txt";
+  return test::hf_tokenizers_dir() + "/corpus.txt";
 }
 std::string model_dir(const std::string& name) {
-  return expected()["tokenizers"][name]["dir"].get<std::string>();
+  return test::hf_tokenizers_expected()["tokenizers"][name]["dir"].get<std::string>();
 }
 
 TEST(HfTokenizers, TokenizeCommandErrorsAreOneLine) {
   const std::string out = test::temp_dir() + "/err.safetensors";
   const std::string base = " --input " + corpus_file() + " --output " + out;
   test::expect_one_line_error(test::run_cabm("tokenize --model /nonexistent/model" + base), "/nonexistent/model");
-  test::expect_one_line_error(test::run_cabm("tokenize --model " + hf_dir() + "/bin_only" + base),
+  test::expect_one_line_error(test::run_cabm("tokenize --model " + test::hf_tokenizers_dir() + "/bin_only" + base),
                               "no tokenizer files");
   test::expect_one_line_error(test::run_cabm("tokenize --model " + corpus_file() + base), "not a directory");
 

@@ -39,12 +39,14 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int64_t kBlock = kPackedKeyBlock;  // 16 keys: one zmm of score lanes
 
-int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
+int64_t round_up(int64_t a, int64_t b) {
+  return (a + b - 1) / b * b;
+}
 
 struct Problem {
   int64_t B, N, H, Hkv, M, d, dv, group;
-  int64_t dp, dvp2;     // d, dv rounded up to 2: rows of the products' A operands (scores_avx512)
-  int64_t dqp, dvp;     // d, dv rounded up to 16: columns of dQ, dK, dV (pv_avx512)
+  int64_t dp, dvp2;                     // d, dv rounded up to 2: rows of the products' A operands (scores_avx512)
+  int64_t dqp, dvp;                     // d, dv rounded up to 16: columns of dQ, dK, dV (pv_avx512)
   int64_t block_q, block_k, bq2, bk16;  // tiles; block_q rounded up to 2, block_k to 16
   int64_t query_tiles;
   float scale, qscale, keep_scale;
@@ -152,8 +154,9 @@ void begin_query_head(const Args& args, Buffers& buf, int64_t b, int64_t h, int6
 // Rows r (and r + 1) of the tile's bf16 P∘z or dS, 16 keys each, as 16 pairs (p_r, p_r+1): the
 // B operand layout [rows/2][bk16][2] of pv_avx512.
 CABM_AVX512_BF16 inline void store_row_pair(__m256i row0, __m256i row1, bf16* pairs) {
-  alignas(64) static constexpr uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
-                                                           8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  alignas(64) static constexpr uint16_t kInterleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                                           21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                                           11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
   const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(row0), row1, 1);
   _mm512_storeu_si512(pairs, _mm512_permutexvar_epi16(_mm512_load_si512(kInterleave), both));
 }
