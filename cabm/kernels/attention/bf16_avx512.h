@@ -95,8 +95,8 @@ CABM_AVX512_BF16 inline void scores_avx512(const bf16* qp, int64_t ni, const bf1
 // MR rows × NV vectors of 16 output columns, k over pairs of keys; O is scaled by the rows'
 // alpha (the online softmax's correction) as it is loaded.
 template <int MR, int NV>
-CABM_AVX512_BF16 void pv_block(const bf16* pt, int64_t ldp, const bf16* vcols, int64_t dvp, int64_t pairs,
-                               const float* alpha, float* o, int64_t ldo) {
+CABM_AVX512_BF16 void pv_block(const bf16* pt, int64_t ldp, int64_t pair_step, const bf16* vcols, int64_t dvp,
+                               int64_t pairs, const float* alpha, float* o, int64_t ldo) {
   __m512 acc[MR][NV];
   for (int r = 0; r < MR; ++r) {
     const __m512 a = _mm512_set1_ps(alpha[r]);
@@ -106,7 +106,7 @@ CABM_AVX512_BF16 void pv_block(const bf16* pt, int64_t ldp, const bf16* vcols, i
     __m512i b[NV];
     for (int v = 0; v < NV; ++v) b[v] = _mm512_loadu_si512(vcols + t * dvp * 2 + v * 32);
     for (int r = 0; r < MR; ++r) {
-      const __m512i a = broadcast_pair(pt + r * ldp + 2 * t);
+      const __m512i a = broadcast_pair(pt + r * ldp + t * pair_step);
       for (int v = 0; v < NV; ++v) acc[r][v] = dot2(acc[r][v], a, b[v]);
     }
   }
@@ -115,8 +115,10 @@ CABM_AVX512_BF16 void pv_block(const bf16* pt, int64_t ldp, const bf16* vcols, i
 }
 
 // O = alpha ∘ O + P·V over the key pairs [j0, j0 + nk2): 6 rows × 4 column vectors per call.
+// Pair t of A's row r is at pt + r·ldp + t·pair_step (row-major P: pair_step 2; an operand packed
+// as pairs of rows, read transposed: ldp 2 and pair_step twice its padded width).
 CABM_AVX512_BF16 inline void pv_avx512(const bf16* pt, int64_t ldp, int64_t ni, const bf16* vp, int64_t j0, int64_t nk2,
-                                       int64_t dvp, const float* alpha, float* o, int64_t ldo) {
+                                       int64_t dvp, const float* alpha, float* o, int64_t ldo, int64_t pair_step = 2) {
   constexpr int kRows = 6, kCols = 4;
   const bf16* vb = vp + packed_v_index(j0, 0, dvp);
   const int64_t pairs = nk2 / 2, nvec = dvp / 16;
@@ -126,7 +128,8 @@ CABM_AVX512_BF16 inline void pv_avx512(const bf16* pt, int64_t ldp, int64_t ni, 
       const int64_t nv = std::min<int64_t>(kCols, nvec - v);
       with_rows<kRows>(mr, [&]<int R>() {
         with_rows<kCols>(nv, [&]<int V>() {
-          pv_block<R, V>(pt + r * ldp, ldp, vb + v * 32, dvp, pairs, alpha + r, o + r * ldo + v * 16, ldo);
+          pv_block<R, V>(pt + r * ldp, ldp, pair_step, vb + v * 32, dvp, pairs, alpha + r, o + r * ldo + v * 16,
+                         ldo);
         });
       });
     }

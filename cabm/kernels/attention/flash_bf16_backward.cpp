@@ -6,7 +6,7 @@
 //                  dQ += dS·K
 // dV and dK are computed transposed (keys along the lanes) so that the tile operand, P∘z or dS,
 // is packed by interleaving two of its rows, which the pass that computes it has in registers;
-// dOᵀ and Qᵀ are packed once per query head.
+// dO and Q are packed once per query head as pairs of rows, which pv_avx512 reads transposed.
 // The operands are rounded to bf16 at the points the portable path rounds them (dO, P∘z, dS; the
 // inputs are bf16 already), every sum is fp32, so the results equal the portable path's up to the
 // order of fp32 sums (attention/flash_bf16.cpp derives the backward).
@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace cabm::detail {
@@ -53,37 +54,61 @@ struct Problem {
   bool dropout;
 };
 
+// Rows r (and r + 1) of a bf16 operand, 16 columns each, as 16 pairs (x_r, x_r+1): the layout
+// [rows/2][cols16][2] that pv_avx512 reads as B.
+CABM_AVX512_BF16 inline void store_row_pair(__m256i row0, __m256i row1, bf16* pairs) {
+  alignas(64) static constexpr uint16_t kInterleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                                           21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                                           11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(row0), row1, 1);
+  _mm512_storeu_si512(pairs, _mm512_permutexvar_epi16(_mm512_load_si512(kInterleave), both));
+}
+
 // Packs rows [0, n) of a [n][cols] bf16 operand (row r at src + r·stride) as pairs of rows,
-// [n2/2][cols16][2] (the layout pv_avx512 reads as B), zero padded to n2 rows and cols16 columns.
-void pack_row_pairs(const bf16* src, int64_t stride, int64_t n, int64_t cols, int64_t n2, int64_t cols16, bf16* out) {
-  std::fill_n(out, n2 * cols16, bf16{0});
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t c = 0; c < cols; ++c) out[packed_v_index(r, c, cols16)] = src[r * stride + c];
+// [n2/2][cols16][2] (the layout pv_avx512 reads as B, or as A with ldp 2), zero padded to n2
+// rows (even) and cols16 columns (a multiple of 16).
+CABM_AVX512_BF16 void pack_row_pairs(const bf16* src, int64_t stride, int64_t n, int64_t cols, int64_t n2,
+                                     int64_t cols16, bf16* out) {
+  for (int64_t r = 0; r < n2; r += 2)
+    for (int64_t c = 0; c < cols16; c += 16) {
+      const __mmask16 live = cols - c >= 16 ? __mmask16(0xffff) : cols > c ? __mmask16((1u << (cols - c)) - 1) : 0;
+      const __m256i row0 = r < n ? _mm256_maskz_loadu_epi16(live, src + r * stride + c) : _mm256_setzero_si256();
+      const __m256i row1 =
+          r + 1 < n ? _mm256_maskz_loadu_epi16(live, src + (r + 1) * stride + c) : _mm256_setzero_si256();
+      store_row_pair(row0, row1, out + packed_v_index(r, c, cols16));
+    }
 }
 
 // Packs rows [0, n) of a [n][cols] bf16 operand as 16-row blocks of column pairs,
-// [n16/16][cols2/2][16][2] (the layout scores_avx512 reads as B), zero padded.
+// [n16/16][cols2/2][16][2] (the layout scores_avx512 reads as B), zero padded: one 32-bit pair
+// at a time.
 void pack_row_blocks(const bf16* src, int64_t stride, int64_t n, int64_t cols, int64_t n16, int64_t cols2, bf16* out) {
+  static_assert(sizeof(bf16) == 2);
   std::fill_n(out, n16 * cols2, bf16{0});
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t c = 0; c < cols; ++c) out[packed_k_index(r, c, cols2)] = src[r * stride + c];
+  const int64_t pairs = cols2 / 2, whole = cols / 2;
+  for (int64_t r = 0; r < n; ++r) {
+    const bf16* row = src + r * stride;
+    bf16* block = out + (r / kBlock) * pairs * kBlock * 2 + (r % kBlock) * 2;
+    for (int64_t c = 0; c < whole; ++c) std::memcpy(block + c * kBlock * 2, row + 2 * c, 4);
+    if (whole < pairs) block[whole * kBlock * 2] = row[2 * whole];  // odd cols: (x, 0)
+  }
 }
 
 // Per-thread buffers. Per query head u of the group: Q rows [N][dp] and dO rows [N][dvp2] (bf16,
-// the A operands of S and dP), Qᵀ and dOᵀ per query tile [tiles][d|dv][bq2] (bf16, the A operands
-// of dKᵀ and dVᵀ), lse2 and D [N], dq [N][dqp]. Per key tile: K and V as 16-key blocks
-// [bk16/16][dp|dvp2 / 2][16][2], K as pairs of keys [bk16/2][dqp][2], the dKᵀ and dVᵀ accumulators
-// [d|dv][bk16]. Per tile pair: S and dP [bq][lds], the mask and dropout rows, dS [bq][lds] in bf16
-// (A of dQ), and P∘z and dS as pairs of query rows [bq2/2][bk16][2] (B of dVᵀ and dKᵀ).
+// the A operands of S and dP), Q and dO per query tile as pairs of rows [tiles][bq2/2][dqp|dvp][2]
+// (bf16, read transposed: the A operands of dKᵀ and dVᵀ), lse2 and D [N], dq [N][dqp]. Per key tile: K and V as 16-key
+// blocks [bk16/16][dp|dvp2 / 2][16][2], K as pairs of keys [bk16/2][dqp][2], the dKᵀ and dVᵀ accumulators [d|dv][bk16].
+// Per tile pair: S and dP [bq][lds], the mask and dropout rows, dS [bq][lds] in bf16 (A of dQ), and P∘z and dS as pairs
+// of query rows [bq2/2][bk16][2] (B of dVᵀ and dKᵀ).
 struct Buffers {
-  std::vector<bf16> q, g, qt, gt, kblocks, vblocks, kpairs, ds, pz_pairs, ds_pairs;
+  std::vector<bf16> q, g, qpairs, gpairs, kblocks, vblocks, kpairs, ds, pz_pairs, ds_pairs;
   std::vector<float> lse2, delta, dq, dkt, dvt, s, dpp, mask, z, ones;
   int64_t lds;
   explicit Buffers(const Problem& p)
       : q(static_cast<size_t>(p.group * p.N * p.dp)),
         g(static_cast<size_t>(p.group * p.N * p.dvp2)),
-        qt(static_cast<size_t>(p.group * p.query_tiles * p.d * p.bq2)),
-        gt(static_cast<size_t>(p.group * p.query_tiles * p.dv * p.bq2)),
+        qpairs(static_cast<size_t>(p.group * p.query_tiles * p.bq2 * p.dqp)),
+        gpairs(static_cast<size_t>(p.group * p.query_tiles * p.bq2 * p.dvp)),
         kblocks(static_cast<size_t>(p.bk16 * p.dp)),
         vblocks(static_cast<size_t>(p.bk16 * p.dvp2)),
         kpairs(static_cast<size_t>(p.bk16 * p.dqp)),
@@ -138,27 +163,15 @@ void begin_query_head(const Args& args, Buffers& buf, int64_t b, int64_t h, int6
     if (p.dvp2 > p.dv) grows[i * p.dvp2 + p.dv] = bf16{0};
     buf.lse2[u * p.N + i] = lse[i] == -INFINITY ? INFINITY : lse[i] * kLog2e;
   }
-  // Qᵀ and dOᵀ of each query tile, zero past its last row.
-  bf16* qt = buf.qt.data() + u * p.query_tiles * p.d * p.bq2;
-  bf16* gt = buf.gt.data() + u * p.query_tiles * p.dv * p.bq2;
-  std::fill_n(qt, p.query_tiles * p.d * p.bq2, bf16{0});
-  std::fill_n(gt, p.query_tiles * p.dv * p.bq2, bf16{0});
-  for (int64_t i = 0; i < p.N; ++i) {
-    const int64_t t = i / p.block_q, r = i % p.block_q;
-    for (int64_t c = 0; c < p.d; ++c) qt[(t * p.d + c) * p.bq2 + r] = qrows[i * p.dp + c];
-    for (int64_t c = 0; c < p.dv; ++c) gt[(t * p.dv + c) * p.bq2 + r] = grows[i * p.dvp2 + c];
+  // Q and dO of each query tile as pairs of rows (read transposed: the A operands of dKᵀ and dVᵀ).
+  for (int64_t t = 0; t < p.query_tiles; ++t) {
+    const int64_t i0 = t * p.block_q, ni = std::min(p.block_q, p.N - i0);
+    pack_row_pairs(qrows + i0 * p.dp, p.dp, ni, p.d, p.bq2, p.dqp,
+                   buf.qpairs.data() + (u * p.query_tiles + t) * p.bq2 * p.dqp);
+    pack_row_pairs(grows + i0 * p.dvp2, p.dvp2, ni, p.dv, p.bq2, p.dvp,
+                   buf.gpairs.data() + (u * p.query_tiles + t) * p.bq2 * p.dvp);
   }
   std::fill_n(buf.dq.data() + u * p.N * p.dqp, p.N * p.dqp, 0.0f);
-}
-
-// Rows r (and r + 1) of the tile's bf16 P∘z or dS, 16 keys each, as 16 pairs (p_r, p_r+1): the
-// B operand layout [rows/2][bk16][2] of pv_avx512.
-CABM_AVX512_BF16 inline void store_row_pair(__m256i row0, __m256i row1, bf16* pairs) {
-  alignas(64) static constexpr uint16_t kInterleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
-                                                           21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
-                                                           11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(row0), row1, 1);
-  _mm512_storeu_si512(pairs, _mm512_permutexvar_epi16(_mm512_load_si512(kInterleave), both));
 }
 
 // From S and dP of a tile (ni rows, nk keys; lanes past nk are padding): P = exp2(min(S·qscale +
@@ -233,10 +246,10 @@ void backward_kv_head(const Args& args, Buffers& buf, int64_t b, int64_t hk) {
         tile_gradients(p, buf, ni, nk, buf.lse2.data() + u * p.N + i0, buf.delta.data() + u * p.N + i0,
                        kind == TileKind::kPartial);
         const float* ones = buf.ones.data();
-        const bf16* gt = buf.gt.data() + (u * p.query_tiles + t) * p.dv * p.bq2;
-        const bf16* qt = buf.qt.data() + (u * p.query_tiles + t) * p.d * p.bq2;
-        pv_avx512(gt, p.bq2, p.dv, buf.pz_pairs.data(), 0, ni2, nk16, ones, buf.dvt.data(), p.bk16);
-        pv_avx512(qt, p.bq2, p.d, buf.ds_pairs.data(), 0, ni2, nk16, ones, buf.dkt.data(), p.bk16);
+        const bf16* gpairs = buf.gpairs.data() + (u * p.query_tiles + t) * p.bq2 * p.dvp;
+        const bf16* qpairs = buf.qpairs.data() + (u * p.query_tiles + t) * p.bq2 * p.dqp;
+        pv_avx512(gpairs, 2, p.dv, buf.pz_pairs.data(), 0, ni2, nk16, ones, buf.dvt.data(), p.bk16, 2 * p.dvp);
+        pv_avx512(qpairs, 2, p.d, buf.ds_pairs.data(), 0, ni2, nk16, ones, buf.dkt.data(), p.bk16, 2 * p.dqp);
         pv_avx512(buf.ds.data(), buf.lds, ni, buf.kpairs.data(), 0, nk2, p.dqp, ones,
                   buf.dq.data() + (u * p.N + i0) * p.dqp, p.dqp);
       }
