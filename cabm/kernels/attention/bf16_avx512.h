@@ -39,11 +39,10 @@ CABM_AVX512_BF16 inline __m512i broadcast_pair(const bf16* p) {
   return _mm512_set1_epi32(static_cast<int>(w));
 }
 
-// MR rows × NV vectors of 16 scores; k over pairs of head-dim elements. Broadcasts first, then
-// one K vector at a time: MR·NV accumulators + MR broadcasts + 1 load live at once.
+// MR rows × NV vectors of 16 scores into acc; k over pairs of head-dim elements. Broadcasts
+// first, then one K vector at a time: MR·NV accumulators + MR broadcasts + 1 load live at once.
 template <int MR, int NV>
-CABM_AVX512_BF16 void scores_block(const bf16* qp, int64_t dp, const bf16* kblock, float* s, int64_t lds) {
-  __m512 acc[MR][NV];
+CABM_AVX512_BF16 inline void scores_accumulate(const bf16* qp, int64_t dp, const bf16* kblock, __m512 (&acc)[MR][NV]) {
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
   const int64_t pairs = dp / 2, block_stride = pairs * kPackedKeyBlock * 2;
@@ -55,6 +54,13 @@ CABM_AVX512_BF16 void scores_block(const bf16* qp, int64_t dp, const bf16* kbloc
       for (int r = 0; r < MR; ++r) acc[r][v] = dot2(acc[r][v], a[r], b);
     }
   }
+}
+
+// The scores of MR rows × NV key blocks, stored to s (row stride lds).
+template <int MR, int NV>
+CABM_AVX512_BF16 void scores_block(const bf16* qp, int64_t dp, const bf16* kblock, float* s, int64_t lds) {
+  __m512 acc[MR][NV];
+  scores_accumulate(qp, dp, kblock, acc);
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < NV; ++v) _mm512_storeu_ps(s + r * lds + v * 16, acc[r][v]);
 }
@@ -195,17 +201,7 @@ CABM_AVX512_BF16 void scores_softmax_block(const bf16* qp, int64_t dp, const bf1
                                            const float* z, int64_t lds, float qscale, bf16* p, int64_t ldp, float* m,
                                            float* l, float* alpha) {
   __m512 acc[MR][NV];
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
-  const int64_t pairs = dp / 2, block_stride = pairs * kPackedKeyBlock * 2;
-  for (int64_t c = 0; c < pairs; ++c) {
-    __m512i a[MR];
-    for (int r = 0; r < MR; ++r) a[r] = broadcast_pair(qp + r * dp + 2 * c);
-    for (int v = 0; v < NV; ++v) {
-      const __m512i b = _mm512_loadu_si512(kblock + v * block_stride + c * kPackedKeyBlock * 2);
-      for (int r = 0; r < MR; ++r) acc[r][v] = dot2(acc[r][v], a[r], b);
-    }
-  }
+  scores_accumulate(qp, dp, kblock, acc);
   const __m512 qs = _mm512_set1_ps(qscale);
   for (int r = 0; r < MR; ++r) {
     __m512 vmax = _mm512_set1_ps(-INFINITY);

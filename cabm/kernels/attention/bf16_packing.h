@@ -33,6 +33,11 @@ inline const bf16* bf16_head_ptr(const Tensor& t, int64_t b, int64_t h) {
   return t.data<bf16>() + b * t.stride(0) + h * t.stride(2);
 }
 
+// Row r of head (b, h) of an F32 [B, L, H, n] view.
+inline float* f32_row(const Tensor& t, int64_t b, int64_t r, int64_t h) {
+  return t.data<float>() + b * t.stride(0) + r * t.stride(1) + h * t.stride(2);
+}
+
 // Room for a call's packed K (nk elements) and V (nv elements), shared by the call's threads,
 // 64-byte aligned (each vector load stays within one cache line) and kept by the calling thread
 // for its next call: fresh pages cost about 8 µs each on the VMs measured (2 ms per MiB, 16 ms

@@ -44,6 +44,7 @@ struct Problem {
 };
 
 using detail::bf16_head_ptr;
+using detail::f32_row;
 inline int64_t k_index(int64_t j, int64_t c, int64_t dp) { return detail::packed_k_index(j, c, dp); }
 inline int64_t v_index(int64_t j, int64_t c, int64_t dvp) { return detail::packed_v_index(j, c, dvp); }
 
@@ -263,11 +264,6 @@ void check_shapes(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
 // sums: the result is bitwise the same for any thread count.
 
 float round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
-
-// Row i of head (b, h) of an F32 [B, L, H, n] view.
-float* f32_row(const Tensor& t, int64_t b, int64_t i, int64_t h) {
-  return t.data<float>() + b * t.stride(0) + i * t.stride(1) + h * t.stride(2);
-}
 
 struct BackwardProblem {
   int64_t B, N, H, Hkv, M, d, dv;

@@ -137,11 +137,6 @@ struct Args {
   const Problem& p;
 };
 
-// Row r of head (b, h) of an F32 [B, L, H, n] view.
-float* f32_row(const Tensor& t, int64_t b, int64_t r, int64_t h) {
-  return t.data<float>() + b * t.stride(0) + r * t.stride(1) + h * t.stride(2);
-}
-
 // Query head u = h − hk·group of the item: its operands, lse2 = lse·log2(e) (+inf on fully masked
 // rows: P = 0 there), D_i = dO_i · O_i in fp32 (on dO before rounding, as the portable path), and
 // a zero dq.
