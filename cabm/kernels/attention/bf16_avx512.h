@@ -1,8 +1,9 @@
-// The avx512_bf16 path of attention_flash_bf16_forward (internal to cabm/kernels/: included by
-// attention/flash_bf16.cpp only): both products with vdpbf16ps on the packed layouts of
+// The vdpbf16ps micro-kernels of the avx512_bf16 attention paths (internal to cabm/kernels/:
+// included by attention/flash_bf16.cpp for the forward, flash_bf16_backward.cpp for the backward
+// and flash_amx.cpp for the AMX forward's softmax): both products on the packed layouts of
 // attention/bf16_packing.h, and the row pass of the online softmax. Compiled for AVX-512 BF16 by
-// function attribute, so the library builds for any x86-64; callers run it only where
-// bf16_active_isa() == kAvx512Bf16.
+// function attribute, so the library builds for any x86-64; callers run it only where the CPU
+// has AVX512_BF16 (bf16_active_isa() is kAvx512Bf16 or kAmx).
 //   S = Q·Kᵀ   one zmm of K = a pair of head-dim elements for 16 keys; a broadcast pair of a Q row
 //              gives 16 partial scores per vdpbf16ps.
 //   O += P·V   one zmm of V = two keys for 16 columns; a broadcast pair of a P row adds
@@ -99,15 +100,16 @@ CABM_AVX512_BF16 inline void scores_avx512(const bf16* qp, int64_t ni, const bf1
 }
 
 // MR rows × NV vectors of 16 output columns, k over pairs of keys; O is scaled by the rows'
-// alpha (the online softmax's correction) as it is loaded.
+// alpha (the online softmax's correction) as it is loaded, or accumulated as it is (alpha null).
 template <int MR, int NV>
 CABM_AVX512_BF16 void pv_block(const bf16* pt, int64_t ldp, int64_t pair_step, const bf16* vcols, int64_t dvp,
                                int64_t pairs, const float* alpha, float* o, int64_t ldo) {
   __m512 acc[MR][NV];
-  for (int r = 0; r < MR; ++r) {
-    const __m512 a = _mm512_set1_ps(alpha[r]);
-    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_mul_ps(_mm512_loadu_ps(o + r * ldo + v * 16), a);
-  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) {
+      acc[r][v] = _mm512_loadu_ps(o + r * ldo + v * 16);
+      if (alpha) acc[r][v] = _mm512_mul_ps(acc[r][v], _mm512_set1_ps(alpha[r]));
+    }
   for (int64_t t = 0; t < pairs; ++t) {
     __m512i b[NV];
     for (int v = 0; v < NV; ++v) b[v] = _mm512_loadu_si512(vcols + t * dvp * 2 + v * 32);
@@ -120,7 +122,8 @@ CABM_AVX512_BF16 void pv_block(const bf16* pt, int64_t ldp, int64_t pair_step, c
     for (int v = 0; v < NV; ++v) _mm512_storeu_ps(o + r * ldo + v * 16, acc[r][v]);
 }
 
-// O = alpha ∘ O + P·V over the key pairs [j0, j0 + nk2): 6 rows × 4 column vectors per call.
+// O = alpha ∘ O + P·V over the key pairs [j0, j0 + nk2) (O += P·V where alpha is null): 6 rows ×
+// 4 column vectors per call.
 // Pair t of A's row r is at pt + r·ldp + t·pair_step (row-major P: pair_step 2; an operand packed
 // as pairs of rows, read transposed: ldp 2 and pair_step twice its padded width).
 CABM_AVX512_BF16 inline void pv_avx512(const bf16* pt, int64_t ldp, int64_t ni, const bf16* vp, int64_t j0, int64_t nk2,
@@ -134,8 +137,8 @@ CABM_AVX512_BF16 inline void pv_avx512(const bf16* pt, int64_t ldp, int64_t ni, 
       const int64_t nv = std::min<int64_t>(kCols, nvec - v);
       with_rows<kRows>(mr, [&]<int R>() {
         with_rows<kCols>(nv, [&]<int V>() {
-          pv_block<R, V>(pt + r * ldp, ldp, pair_step, vb + v * 32, dvp, pairs, alpha + r, o + r * ldo + v * 16,
-                         ldo);
+          pv_block<R, V>(pt + r * ldp, ldp, pair_step, vb + v * 32, dvp, pairs, alpha ? alpha + r : nullptr,
+                         o + r * ldo + v * 16, ldo);
         });
       });
     }

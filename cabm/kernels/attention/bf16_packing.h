@@ -1,5 +1,6 @@
-// The packed bf16 K and V layouts that the vdpbf16ps and AMX attention forwards share (internal
-// to cabm/kernels/: included by attention/flash_bf16.cpp and attention/flash_amx.cpp):
+// The packed bf16 K and V layouts that the vdpbf16ps and AMX attention kernels share (internal
+// to cabm/kernels/: included by attention/flash_bf16.cpp, flash_bf16_backward.cpp and
+// flash_amx.cpp):
 //   K [Mp/16][dp/2][16][2]  blocks of 16 keys, then pairs of head-dim elements (one zmm of
 //                           16 keys × 2 dims; for AMX, the VNNI layout of a B tile)
 //   V [Mp/2][dvp][2]        pairs of keys, then columns
@@ -14,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 
 namespace cabm::detail {
@@ -67,19 +69,32 @@ inline PackedKV packed_kv_storage(int64_t nk, int64_t nv) {
   return {storage.get(), storage.get() + nk_rounded};
 }
 
+// Packs rows [0, n) of a [n][cols] bf16 operand (row r at src + r·stride) as 16-row blocks of
+// column pairs, [n16/16][cols2/2][16][2] (packed K's layout; what scores_avx512 reads as B), zero
+// padded to n16 rows and cols2 columns (both even, n16 ≥ n, cols2 ≥ cols): one 32-bit pair at a time.
+inline void pack_row_blocks(const bf16* src, int64_t stride, int64_t n, int64_t cols, int64_t n16, int64_t cols2,
+                            bf16* out) {
+  static_assert(sizeof(bf16) == 2);
+  std::fill_n(out, n16 * cols2, bf16{0});
+  const int64_t pairs = cols2 / 2, whole = cols / 2;
+  for (int64_t r = 0; r < n; ++r) {
+    const bf16* row = src + r * stride;
+    bf16* block = out + (r / kPackedKeyBlock) * pairs * kPackedKeyBlock * 2 + (r % kPackedKeyBlock) * 2;
+    for (int64_t c = 0; c < whole; ++c) std::memcpy(block + c * kPackedKeyBlock * 2, row + 2 * c, 4);
+    if (cols % 2) block[whole * kPackedKeyBlock * 2] = row[2 * whole];  // the last pair: (x, 0)
+  }
+}
+
 // Packs key/value head (b, h) of k [B, M, Hkv, d] and v [B, M, Hkv, dv] into kp [Mp · dp] and
 // vp [Mp · dvp]: once per key/value head, whatever number of query heads read it (GQA).
 inline void pack_kv_head(const Tensor& k, const Tensor& v, int64_t b, int64_t h, int64_t Mp, int64_t dp,
                          int64_t dvp, bf16* kp, bf16* vp) {
   const int64_t M = k.size(1), d = k.size(3), dv = v.size(3);
-  std::fill_n(kp, Mp * dp, bf16{0});
+  pack_row_blocks(bf16_head_ptr(k, b, h), k.stride(1), M, d, Mp, dp, kp);
   std::fill_n(vp, Mp * dvp, bf16{0});
-  const bf16* ks = bf16_head_ptr(k, b, h);
   const bf16* vs = bf16_head_ptr(v, b, h);
   for (int64_t j = 0; j < M; ++j) {
-    const bf16* krow = ks + j * k.stride(1);
     const bf16* vrow = vs + j * v.stride(1);
-    for (int64_t c = 0; c < d; ++c) kp[packed_k_index(j, c, dp)] = krow[c];
     for (int64_t c = 0; c < dv; ++c) vp[packed_v_index(j, c, dvp)] = vrow[c];
   }
 }

@@ -308,18 +308,12 @@ void backward_query_head_portable(const BackwardArgs& args, BackwardBuffers& buf
   const BackwardProblem& p = args.p;
   const detail::ScoreVariants& variants = args.variants;
   const int64_t N = p.N, M = p.M, d = p.d, dv = p.dv;
-  const Tensor &q = args.saved.q, &o = args.saved.out;
+  const Tensor& q = args.saved.q;
   bf16_to_float_2d(bf16_head_ptr(q, b, h), q.stride(1), buf.q.data(), d, N, d);
-  const float* lse = args.saved.lse.data<float>() + (b * p.H + h) * N;
+  detail::backward_row_terms(args.saved, args.dout, b, h, buf.delta.data(), buf.lse2.data());
   for (int64_t i = 0; i < N; ++i) {
-    const float *gi = f32_row(args.dout, b, i, h), *oi = f32_row(o, b, i, h);
-    float dot = 0.0f;
-    for (int64_t c = 0; c < dv; ++c) {
-      buf.g[i * dv + c] = round_bf16(gi[c]);
-      dot += gi[c] * oi[c];
-    }
-    buf.delta[i] = dot;
-    buf.lse2[i] = lse[i] == -INFINITY ? INFINITY : lse[i] * kLog2e;  // +inf: P = 0 on fully masked rows
+    const float* gi = f32_row(args.dout, b, i, h);
+    for (int64_t c = 0; c < dv; ++c) buf.g[i * dv + c] = round_bf16(gi[c]);
   }
   std::fill(buf.dq.begin(), buf.dq.end(), 0.0f);
   const float qscale = p.scale * kLog2e, cap = variants.cap(), slope = variants.slope(h);

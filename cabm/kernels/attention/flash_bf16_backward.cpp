@@ -79,21 +79,6 @@ CABM_AVX512_BF16 void pack_row_pairs(const bf16* src, int64_t stride, int64_t n,
     }
 }
 
-// Packs rows [0, n) of a [n][cols] bf16 operand as 16-row blocks of column pairs,
-// [n16/16][cols2/2][16][2] (the layout scores_avx512 reads as B), zero padded: one 32-bit pair
-// at a time.
-void pack_row_blocks(const bf16* src, int64_t stride, int64_t n, int64_t cols, int64_t n16, int64_t cols2, bf16* out) {
-  static_assert(sizeof(bf16) == 2);
-  std::fill_n(out, n16 * cols2, bf16{0});
-  const int64_t pairs = cols2 / 2, whole = cols / 2;
-  for (int64_t r = 0; r < n; ++r) {
-    const bf16* row = src + r * stride;
-    bf16* block = out + (r / kBlock) * pairs * kBlock * 2 + (r % kBlock) * 2;
-    for (int64_t c = 0; c < whole; ++c) std::memcpy(block + c * kBlock * 2, row + 2 * c, 4);
-    if (whole < pairs) block[whole * kBlock * 2] = row[2 * whole];  // odd cols: (x, 0)
-  }
-}
-
 // Per-thread buffers. Per query head u of the group: Q rows [N][dp] and dO rows [N][dvp2] (bf16,
 // the A operands of S and dP), Q and dO per query tile as pairs of rows [tiles][bq2/2][dqp|dvp][2]
 // (bf16, read transposed: the A operands of dKᵀ and dVᵀ), lse2 and D [N], dq [N][dqp]. Per key tile: K and V as 16-key
@@ -102,7 +87,7 @@ void pack_row_blocks(const bf16* src, int64_t stride, int64_t n, int64_t cols, i
 // of query rows [bq2/2][bk16][2] (B of dVᵀ and dKᵀ).
 struct Buffers {
   std::vector<bf16> q, g, qpairs, gpairs, kblocks, vblocks, kpairs, ds, pz_pairs, ds_pairs;
-  std::vector<float> lse2, delta, dq, dkt, dvt, s, dpp, mask, z, ones;
+  std::vector<float> lse2, delta, dq, dkt, dvt, s, dpp, mask, z;
   int64_t lds;
   explicit Buffers(const Problem& p)
       : q(static_cast<size_t>(p.group * p.N * p.dp)),
@@ -124,7 +109,6 @@ struct Buffers {
         dpp(static_cast<size_t>(p.block_q * p.bk16)),
         mask(static_cast<size_t>(p.block_q * p.bk16)),
         z(static_cast<size_t>(p.block_q * p.bk16)),
-        ones(static_cast<size_t>(std::max({p.bq2, p.dqp, p.dvp})), 1.0f),
         lds(p.bk16) {}
 };
 
@@ -137,26 +121,20 @@ struct Args {
   const Problem& p;
 };
 
-// Query head u = h − hk·group of the item: its operands, lse2 = lse·log2(e) (+inf on fully masked
-// rows: P = 0 there), D_i = dO_i · O_i in fp32 (on dO before rounding, as the portable path), and
-// a zero dq.
+// Query head u = h − hk·group of the item: its operands, its rows' lse2 and D (backward_row_terms),
+// and a zero dq.
 void begin_query_head(const Args& args, Buffers& buf, int64_t b, int64_t h, int64_t u) {
   const Problem& p = args.p;
   const Tensor& q = args.saved.q;
   bf16* qrows = buf.q.data() + u * p.N * p.dp;
   bf16* grows = buf.g.data() + u * p.N * p.dvp2;
-  const float* lse = args.saved.lse.data<float>() + (b * p.H + h) * p.N;
+  backward_row_terms(args.saved, args.dout, b, h, buf.delta.data() + u * p.N, buf.lse2.data() + u * p.N);
   for (int64_t i = 0; i < p.N; ++i) {
     const bf16* qi = bf16_head_ptr(q, b, h) + i * q.stride(1);
     std::copy_n(qi, p.d, qrows + i * p.dp);
     if (p.dp > p.d) qrows[i * p.dp + p.d] = bf16{0};
-    const float *gi = f32_row(args.dout, b, i, h), *oi = f32_row(args.saved.out, b, i, h);
-    float dot = 0.0f;
-    for (int64_t c = 0; c < p.dv; ++c) dot += gi[c] * oi[c];
-    buf.delta[u * p.N + i] = dot;
-    float_to_bf16(gi, grows + i * p.dvp2, p.dv);
+    float_to_bf16(f32_row(args.dout, b, i, h), grows + i * p.dvp2, p.dv);
     if (p.dvp2 > p.dv) grows[i * p.dvp2 + p.dv] = bf16{0};
-    buf.lse2[u * p.N + i] = lse[i] == -INFINITY ? INFINITY : lse[i] * kLog2e;
   }
   // Q and dO of each query tile as pairs of rows (read transposed: the A operands of dKᵀ and dVᵀ).
   for (int64_t t = 0; t < p.query_tiles; ++t) {
@@ -240,12 +218,11 @@ void backward_kv_head(const Args& args, Buffers& buf, int64_t b, int64_t hk) {
         scores_avx512(grows, ni, buf.vblocks.data(), 0, nk16, p.dvp2, buf.dpp.data(), buf.lds);
         tile_gradients(p, buf, ni, nk, buf.lse2.data() + u * p.N + i0, buf.delta.data() + u * p.N + i0,
                        kind == TileKind::kPartial);
-        const float* ones = buf.ones.data();
         const bf16* gpairs = buf.gpairs.data() + (u * p.query_tiles + t) * p.bq2 * p.dvp;
         const bf16* qpairs = buf.qpairs.data() + (u * p.query_tiles + t) * p.bq2 * p.dqp;
-        pv_avx512(gpairs, 2, p.dv, buf.pz_pairs.data(), 0, ni2, nk16, ones, buf.dvt.data(), p.bk16, 2 * p.dvp);
-        pv_avx512(qpairs, 2, p.d, buf.ds_pairs.data(), 0, ni2, nk16, ones, buf.dkt.data(), p.bk16, 2 * p.dqp);
-        pv_avx512(buf.ds.data(), buf.lds, ni, buf.kpairs.data(), 0, nk2, p.dqp, ones,
+        pv_avx512(gpairs, 2, p.dv, buf.pz_pairs.data(), 0, ni2, nk16, nullptr, buf.dvt.data(), p.bk16, 2 * p.dvp);
+        pv_avx512(qpairs, 2, p.d, buf.ds_pairs.data(), 0, ni2, nk16, nullptr, buf.dkt.data(), p.bk16, 2 * p.dqp);
+        pv_avx512(buf.ds.data(), buf.lds, ni, buf.kpairs.data(), 0, nk2, p.dqp, nullptr,
                   buf.dq.data() + (u * p.N + i0) * p.dqp, p.dqp);
       }
     }
