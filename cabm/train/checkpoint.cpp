@@ -152,10 +152,31 @@ namespace {
 // in fp32 (a gradient of 1e-30 squares to 0) stays legal, and the first update
 // lr·m̂/(√v̂ + eps) stays bounded by about lr·C/(1−β1) either way. With β1² ≥ β2 the series
 // Σ (β1²/β2)^k diverges and no such bound exists: nullopt, nothing to check.
-std::optional<double> adam_moment_bound(const AdamWConfig& c) {
-  if (!(c.beta1 * c.beta1 < c.beta2)) return std::nullopt;
+std::optional<double> adam_moment_bound(double beta1, double beta2) {
+  if (!(beta1 * beta1 < beta2)) return std::nullopt;
   constexpr double kSafety = 2;
-  return kSafety * (1 - c.beta1) / std::sqrt((1 - c.beta2) * (1 - c.beta1 * c.beta1 / c.beta2));
+  return kSafety * (1 - beta1) / std::sqrt((1 - beta2) * (1 - beta1 * beta1 / beta2));
+}
+
+struct MomentBound {
+  double c, beta1, beta2;  // |m| <= c·(√v + eps), from the betas (beta1, beta2)
+};
+
+// The bound a loaded state must obey: the betas that made it (the file's metadata) decide what it
+// can hold, and the run's may differ (a resumed run given other betas), so the looser of the two
+// bounds, and none where either pair has none. Betas in the metadata must be numbers in [0, 1).
+std::optional<MomentBound> loaded_state_bound(const SafetensorsFile& file, const AdamWConfig& run) {
+  std::optional<MomentBound> bound;
+  if (const auto c = adam_moment_bound(run.beta1, run.beta2)) bound = MomentBound{*c, run.beta1, run.beta2};
+  const std::string *b1 = file.find_metadata("beta1"), *b2 = file.find_metadata("beta2");
+  if (b1 == nullptr || b2 == nullptr) return bound;  // a state without them: the run's betas alone
+  const RealRange unit{0.0, 1.0, false, true};
+  const double beta1 = parse_real(*b1, unit, fmt::format("{}: metadata 'beta1'", file.path));
+  const double beta2 = parse_real(*b2, unit, fmt::format("{}: metadata 'beta2'", file.path));
+  const auto c = adam_moment_bound(beta1, beta2);
+  if (!c) return std::nullopt;
+  if (bound && *c > bound->c) bound = MomentBound{*c, beta1, beta2};
+  return bound;
 }
 
 }  // namespace
@@ -169,7 +190,7 @@ void load_adamw_state(const SafetensorsFile& file, AdamW& opt) {
   // m must be finite, v finite and >= 0 (a mean of squares), and |m| within the bound above:
   // otherwise the first update writes NaN, ±inf or a huge step into the weights, and the run
   // later stops as "diverged (try a lower --lr)", blaming the learning rate for a damaged file.
-  const std::optional<double> bound = adam_moment_bound(opt.config);
+  const std::optional<MomentBound> bound = loaded_state_bound(file, opt.config);
   const double eps = opt.config.eps;
   const auto check_values = [&](const std::string& name, const Tensor& m, const Tensor& v) {
     const std::string m_name = "exp_avg." + name, v_name = "exp_avg_sq." + name;
@@ -182,12 +203,12 @@ void load_adamw_state(const SafetensorsFile& file, AdamW& opt) {
       if (!std::isfinite(vp[j]) || vp[j] < 0.0f)
         throw Error(fmt::format("{}: tensor '{}' holds {} at element {} (expected a finite, non-negative value)",
                                 file.path, v_name, vp[j], j));
-      if (bound && std::abs(static_cast<double>(mp[j])) > *bound * (std::sqrt(static_cast<double>(vp[j])) + eps))
+      if (bound && std::abs(static_cast<double>(mp[j])) > bound->c * (std::sqrt(static_cast<double>(vp[j])) + eps))
         throw Error(fmt::format(
             "{}: tensor '{}' holds {} at element {} where '{}' holds {}, beyond AdamW's bound |exp_avg| <= "
             "{:.3g}·(√exp_avg_sq + eps {}) for betas ({}, {}): not a state AdamW produces, and the first update "
             "from it would be unbounded",
-            file.path, m_name, mp[j], j, v_name, vp[j], *bound, eps, opt.config.beta1, opt.config.beta2));
+            file.path, m_name, mp[j], j, v_name, vp[j], bound->c, eps, bound->beta1, bound->beta2));
     }
   };
   for (size_t i = 0; i < opt.names.size(); ++i) {

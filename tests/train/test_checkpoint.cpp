@@ -280,6 +280,55 @@ TEST(Checkpoint, OptimizerStateBeyondAdamsMomentBoundIsRefused) {
   EXPECT_EQ(load_error(1e38f, 0.0f, {0.99, 0.9, 1e-8, 0.0}), "");
 }
 
+// The betas that made a state bound it, and a resumed run may be given others: the looser bound
+// of the two applies. (0.5, 0.9999) allows |m| up to 2 × 57.7·sqrt(v); (0.5, 0.9) only 2 × 1.86.
+TEST(Checkpoint, OptimizerStateBoundUsesTheFilesBetasAndTheRuns) {
+  const NamedTensors params = {{"l.weight", Tensor::zeros({3, 4})}, {"l.bias", Tensor::zeros({4})}};
+  const auto load_error = [&](float m, const AdamWConfig& saved_with, const AdamWConfig& loaded_with,
+                              const std::map<std::string, std::string>& metadata_changes = {}) {
+    AdamW opt = make_adamw(params, saved_with);
+    opt.step = 2;
+    opt.exp_avg[0].data<float>()[7] = m;
+    opt.exp_avg_sq[0].data<float>()[7] = 1.0f;
+    auto metadata = adamw_state_metadata(opt);
+    for (const auto& [key, value] : metadata_changes) {
+      if (value.empty())
+        metadata.erase(key);
+      else
+        metadata[key] = value;
+    }
+    const std::string path = test::temp_dir() + "/betas_opt.safetensors";
+    write_safetensors(path, adamw_state_tensors(opt), metadata);
+    AdamW other = make_adamw(params, loaded_with);
+    return error_of([&] { load_adamw_state(read_safetensors(path), other); });
+  };
+  const AdamWConfig defaults, wide{0.5, 0.9999, 1e-8, 0.0}, narrow{0.5, 0.9, 1e-8, 0.0};
+  // Made with (0.5, 0.9999), resumed with the defaults (bound 14.5): the file's 115 applies.
+  EXPECT_EQ(load_error(100.0f, wide, defaults), "");
+  const std::string beyond = load_error(120.0f, wide, defaults);
+  EXPECT_NE(beyond.find("betas_opt.safetensors: tensor 'exp_avg.l.weight' holds 120 at element 7"), std::string::npos)
+      << beyond;
+  EXPECT_NE(beyond.find("115"), std::string::npos) << beyond;
+  EXPECT_NE(beyond.find("for betas (0.5, 0.9999)"), std::string::npos) << beyond;
+  // Made with the defaults, resumed with (0.5, 0.9) (bound 3.72): the file's 14.5 applies.
+  EXPECT_EQ(load_error(10.0f, defaults, narrow), "");
+  EXPECT_NE(load_error(15.0f, defaults, narrow).find("14.5"), std::string::npos);
+  // Made and resumed with (0.5, 0.9): 3.72.
+  EXPECT_NE(load_error(10.0f, narrow, narrow), "");
+  // No bound for the file's betas (β1² >= β2): only finiteness.
+  EXPECT_EQ(load_error(1e30f, {0.99, 0.9, 1e-8, 0.0}, defaults), "");
+  // A state without betas in its metadata: the run's bound alone.
+  EXPECT_EQ(load_error(10.0f, wide, defaults, {{"beta1", ""}}), "");
+  EXPECT_NE(load_error(100.0f, wide, defaults, {{"beta1", ""}}).find("14.5"), std::string::npos);
+  // Betas that are not numbers in [0, 1): an error naming the file and the key.
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"beta1", "nan"}, {"beta1", "1"}, {"beta2", "-0.5"}, {"beta2", "0.9x"}, {"beta1", "1e999"}}) {
+    const std::string message = load_error(1.0f, defaults, defaults, {{key, value}});
+    EXPECT_NE(message.find("betas_opt.safetensors: metadata '" + key + "'"), std::string::npos) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos);
+  }
+}
+
 // States that AdamW itself produced load, for gradients of any scale: random, huge (1e18: g² is
 // still finite in fp32), tiny (1e-30: v underflows to 0 while m does not), and the sequence that
 // makes Cauchy–Schwarz tight, g_t ∝ (β2/β1)^t, for which |m|/sqrt(v) approaches 7.27.
