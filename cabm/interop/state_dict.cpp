@@ -52,8 +52,11 @@ int64_t find_non_finite(const Tensor& t) {
 void check_finite_weights(const SafetensorsFile& file, const std::string& key, const Tensor& t) {
   const int64_t j = find_non_finite(t);
   if (j < 0) return;
+  // The one element, not the tensor converted whole (an embedding table can be gigabytes).
+  const Tensor c = t.contiguous();
+  const float value = c.dtype() == DType::F32 ? c.data<float>()[j] : bf16_to_float(c.data<bf16>()[j]);
   throw Error(fmt::format("{}: tensor '{}' holds {} at element {} (a model's weights must be finite)", file.path, key,
-                          t.to_vector()[static_cast<size_t>(j)], j));
+                          value, j));
 }
 
 void load_parameters(const SafetensorsFile& file, const NamedTensors& params, const std::string& prefix,

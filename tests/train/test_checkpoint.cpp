@@ -240,6 +240,21 @@ TEST(Checkpoint, ModelWithNonFiniteWeightsIsRefused) {
     EXPECT_EQ(message, fmt::format("{}: tensor '{}' holds {} at element 5 (a model's weights must be finite)", path,
                                    key, value));
   }
+  // The same in a BF16 file (weights may be stored in bf16): the element is reported, as a float.
+  for (const float value : {std::nanf(""), -std::numeric_limits<float>::infinity()}) {
+    std::map<std::string, Tensor> tensors;
+    for (const auto& [name, t] : to_tensor_map(named_parameters(model))) {
+      Tensor b = Tensor::empty(t.shape(), DType::BF16);
+      for (int64_t j = 0; j < t.numel(); ++j) b.data<bf16>()[j] = float_to_bf16(t.data<float>()[j]);
+      tensors[name] = b;
+    }
+    tensors["encoder.layers.0.linear2.weight"].data<bf16>()[9] = float_to_bf16(value);
+    write_safetensors(path, tensors, causal_lm_metadata(c));
+    EXPECT_EQ(error_of([&] { load_causal_lm(read_safetensors(path)); }),
+              fmt::format("{}: tensor 'encoder.layers.0.linear2.weight' holds {} at element 9 (a model's weights must "
+                          "be finite)",
+                          path, value));
+  }
 }
 
 // Adam's moments obey |m| <= 7.27·sqrt(v) (betas 0.9, 0.999) whatever the gradients
