@@ -47,15 +47,14 @@ struct Padding {
 TEST(Bf16Packing, KvHeadMatchesTheIndexFunctionsWithZeroPadding) {
   std::mt19937 rng(7);
   // (B, M, Hkv, d, dv): odd and even widths and key counts, one key, more keys than a block.
-  const std::vector<std::vector<int64_t>> shapes = {
-      {1, 1, 1, 1, 1}, {2, 17, 3, 5, 7}, {1, 33, 2, 64, 64}, {2, 40, 1, 40, 24}, {1, 16, 4, 128, 96}, {1, 50, 2, 17, 33}};
+  const std::vector<std::vector<int64_t>> shapes = {{1, 1, 1, 1, 1},    {2, 17, 3, 5, 7},    {1, 33, 2, 64, 64},
+                                                    {2, 40, 1, 40, 24}, {1, 16, 4, 128, 96}, {1, 50, 2, 17, 33}};
   for (const auto& s : shapes) {
     const int64_t B = s[0], M = s[1], Hkv = s[2], d = s[3], dv = s[4];
     const HeadView k(B, M, Hkv, d, 3, rng), v(B, M, Hkv, dv, 1, rng);
     // The sizes attention/flash_bf16.cpp and attention/flash_amx.cpp pad to.
-    const std::vector<Padding> paddings = {
-        {"avx512_bf16", round_up(d, 2), round_up(dv, 16), round_up(M, 16)},
-        {"amx", round_up(d, 32), round_up(dv, 16), round_up(M, 16) + 16}};
+    const std::vector<Padding> paddings = {{"avx512_bf16", round_up(d, 2), round_up(dv, 16), round_up(M, 16)},
+                                           {"amx", round_up(d, 32), round_up(dv, 16), round_up(M, 16) + 16}};
     for (const Padding& pad : paddings) {
       for (int64_t b = 0; b < B; ++b) {
         for (int64_t h = 0; h < Hkv; ++h) {
