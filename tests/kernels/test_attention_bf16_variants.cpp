@@ -1,6 +1,7 @@
 // The attention variants of the bf16 flash forward (grouped-query attention, logit soft-capping,
 // ALiBi; attention/reference.h defines them) against the fp32 reference run on the same
-// bf16-rounded inputs, on each forward path this CPU has (amx_bf16, avx512_bf16, portable; a
+// bf16-rounded inputs, on each forward path this CPU has (amx_bf16, amx_bf16_emulated: the AMX
+// kernel on modelled tiles wherever AVX-512 BF16 exists, avx512_bf16, portable; a
 // path the CPU lacks is skipped with the reason): every mask kind, dropout, odd sizes and tile
 // tails, forced tile sizes, thread counts, fully masked rows, and the vector tanh on its own. The
 // backward with the variants: the portable path, and the automatic one where
@@ -21,6 +22,7 @@
 #include "cabm/core/threads.h"
 #include "cabm/kernels/attention/attention.h"
 #include "cabm/kernels/attention/bf16_variants.h"
+#include "cabm/kernels/attention/flash_amx.h"
 #include "cabm/kernels/attention/flash_bf16.h"
 #include "cabm/kernels/attention/reference.h"
 #include "cabm/kernels/bf16.h"
@@ -153,7 +155,7 @@ struct PathChoice {
 PathChoice choose(const std::string& path) {
   if (path == "portable") return {Bf16Isa::kPortable, ""};
   if (!cpu_has_avx512_bf16()) return {Bf16Isa::kAuto, "this CPU (or OS) has no AVX-512 BF16"};
-  if (path == "avx512_bf16") return {Bf16Isa::kAvx512Bf16, ""};
+  if (path == "avx512_bf16" || path == "amx_bf16_emulated") return {Bf16Isa::kAvx512Bf16, ""};
   if (!cpu_has_amx_bf16()) return {Bf16Isa::kAuto, "this CPU (or OS) has no AMX-BF16 tiles"};
   if (!bf16_amx_active()) return {Bf16Isa::kAuto, "CABM_NO_AMX or CABM_FORCE_PORTABLE is set"};
   return {Bf16Isa::kAuto, ""};
@@ -166,9 +168,13 @@ class Bf16Variants : public ::testing::TestWithParam<std::string> {
     const PathChoice choice = choose(GetParam());
     if (!choice.missing.empty()) GTEST_SKIP() << GetParam() << " path not tested: " << choice.missing;
     set_bf16_isa_override(choice.isa);
+    detail::set_amx_emulation(GetParam() == "amx_bf16_emulated");  // the AMX kernel on modelled tiles
     ASSERT_EQ(std::string(attention_flash_bf16_path()), GetParam());
   }
-  void TearDown() override { set_bf16_isa_override(Bf16Isa::kAuto); }
+  void TearDown() override {
+    detail::set_amx_emulation(false);
+    set_bf16_isa_override(Bf16Isa::kAuto);
+  }
 };
 
 Outcome run_bf16(const Case& c, const Inputs& in) {
@@ -518,7 +524,8 @@ TEST(Bf16VariantsBackward, PortableFullyMaskedAndThreadCounts) {
   check_backward_paths(c);
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, Bf16Variants, ::testing::Values("amx_bf16", "avx512_bf16", "portable"),
+INSTANTIATE_TEST_SUITE_P(Paths, Bf16Variants,
+                         ::testing::Values("amx_bf16", "amx_bf16_emulated", "avx512_bf16", "portable"),
                          [](const auto& info) { return info.param; });
 
 // --- the tests' power -------------------------------------------------------------------------

@@ -29,6 +29,7 @@
 // reference (expect_same_roundings): the norm-wise fp32 bounds are too loose to notice a missing
 // rounding of dS, this check is not.
 #include "cabm/core/threads.h"
+#include "cabm/kernels/attention/flash_amx.h"
 #include "cabm/kernels/attention/flash_bf16.h"
 #include "cabm/kernels/attention/reference.h"
 #include "cabm/kernels/simd.h"
@@ -108,27 +109,43 @@ struct ScopedIsa {
   ~ScopedIsa() { set_bf16_isa_override(Bf16Isa::kAuto); }
 };
 
+// One way to reach a path: the override, and whether the AMX forward runs on the scalar model of
+// the tiles (attention/amx_tiles.h), which any AVX-512 BF16 CPU runs.
+struct PathSetting {
+  Bf16Isa isa;
+  bool emulated_amx = false;
+};
+struct ScopedPath {
+  explicit ScopedPath(const PathSetting& setting) : isa(setting.isa) { detail::set_amx_emulation(setting.emulated_amx); }
+  ~ScopedPath() { detail::set_amx_emulation(false); }
+  ScopedIsa isa;
+};
+
 // The settings that reach each distinct path at run time: forced portable, the automatic choice
 // (amx_bf16 on a CPU with AMX tiles; avx2_fp32 on a CPU without AVX-512 BF16 built with SIMD;
-// unless CABM_FORCE_PORTABLE or CABM_NO_AMX is set), and AVX-512 BF16 without AMX where the CPU
-// has it. `name` picks the forward's or the backward's path names.
-std::vector<Bf16Isa> paths(const char* (*name)()) {
-  std::vector<Bf16Isa> out;
+// unless CABM_FORCE_PORTABLE or CABM_NO_AMX is set), and, where the CPU has AVX-512 BF16, that
+// path without AMX and the AMX forward on emulated tiles (amx_bf16_emulated; its backward is
+// avx512_bf16's). `name` picks the forward's or the backward's path names.
+std::vector<PathSetting> paths(const char* (*name)()) {
+  std::vector<PathSetting> out;
   std::vector<std::string> seen;
-  std::vector<Bf16Isa> candidates{Bf16Isa::kPortable, Bf16Isa::kAuto};
-  if (cpu_has_avx512_bf16()) candidates.push_back(Bf16Isa::kAvx512Bf16);
-  for (Bf16Isa isa : candidates) {
-    ScopedIsa scoped(isa);
+  std::vector<PathSetting> candidates{{Bf16Isa::kPortable}, {Bf16Isa::kAuto}};
+  if (cpu_has_avx512_bf16()) {
+    candidates.push_back({Bf16Isa::kAvx512Bf16});
+    candidates.push_back({Bf16Isa::kAvx512Bf16, true});
+  }
+  for (const PathSetting& setting : candidates) {
+    ScopedPath scoped(setting);
     if (std::find(seen.begin(), seen.end(), name()) != seen.end()) continue;
     seen.emplace_back(name());
-    out.push_back(isa);
+    out.push_back(setting);
   }
   return out;
 }
-std::vector<Bf16Isa> forward_paths() {
+std::vector<PathSetting> forward_paths() {
   return paths(&attention_flash_bf16_path);
 }
-std::vector<Bf16Isa> backward_paths() {
+std::vector<PathSetting> backward_paths() {
   return paths(&attention_flash_bf16_backward_path);
 }
 
@@ -252,8 +269,8 @@ void check_backward(const FlashCase& c) {
   const Outcome ref = run_reference(in, c.options, true);
   const Bounds b = derive_bounds(in, c.options, ref);
   Outcome portable;
-  for (Bf16Isa isa : backward_paths()) {
-    ScopedIsa scoped(isa);
+  for (const PathSetting& setting : backward_paths()) {
+    ScopedPath scoped(setting);
     const std::string path = std::string(attention_flash_bf16_path()) + "/" + attention_flash_bf16_backward_path();
     const Outcome r = run_bf16(in, c.options, c.config, true);
     expect_within(r.out, ref.out, b.out, path + " out");
@@ -261,7 +278,7 @@ void check_backward(const FlashCase& c) {
     expect_within(r.grads.dq, ref.grads.dq, b.dq, path + " dq");
     expect_within(r.grads.dk, ref.grads.dk, b.dk, path + " dk");
     expect_within(r.grads.dv, ref.grads.dv, b.dv, path + " dv");
-    if (isa == Bf16Isa::kPortable) {
+    if (setting.isa == Bf16Isa::kPortable) {
       portable = r;
       continue;
     }
@@ -292,14 +309,14 @@ void check_forward(const FlashCase& c) {
   const double smax = test::smax_bound(attention_scale(c.options, c.s.d), in.q.f32, in.k.f32, c.options.mask);
   const double rel = 2.0 * test::relative_bound(c.s, smax);
   Outcome portable;
-  for (Bf16Isa isa : forward_paths()) {
-    ScopedIsa scoped(isa);
+  for (const PathSetting& setting : forward_paths()) {
+    ScopedPath scoped(setting);
     const std::string path = attention_flash_bf16_path();
     const Outcome r = run_bf16(in, c.options, c.config, false);
     expect_within(r.out, ref.out, (kUBf16 + rel) * keep * vmax, path + " out");
     // lse is computed from the unrounded fp32 weights: fp32 bounds only, absolute in the scores' units.
     EXPECT_CLOSE(r.lse, ref.lse, 4.0 * kU, rel * (1.0 + smax));
-    if (isa == Bf16Isa::kPortable) {
+    if (setting.isa == Bf16Isa::kPortable) {
       portable = r;
     } else {
       expect_within(r.out, portable.out, rel * keep * vmax + 2.0 * kUBf16 * w.max_a * vmax, path + " out vs portable");
@@ -348,8 +365,8 @@ TEST(AttentionFlashBf16, ForwardFullyMaskedRowsGiveZeroAndMinusInfLse) {
   AttentionOptions options;
   options.mask = Mask::key_padding({11, 0});
   const Inputs in = make_inputs(s, 5, false);
-  for (Bf16Isa isa : forward_paths()) {
-    ScopedIsa scoped(isa);
+  for (const PathSetting& setting : forward_paths()) {
+    ScopedPath scoped(setting);
     SCOPED_TRACE(attention_flash_bf16_path());
     const Outcome r = run_bf16(in, options, {}, false);
     for (int64_t i = 0; i < s.N; ++i) {
@@ -387,8 +404,8 @@ TEST(AttentionFlashBf16, ForwardBitIdenticalAcrossThreadCounts) {
   for (const FlashCase& c : cases) {
     SCOPED_TRACE(describe(c));
     const Inputs in = make_inputs(c.s, c.seed, c.strided);
-    for (Bf16Isa isa : forward_paths()) {
-      ScopedIsa scoped(isa);
+    for (const PathSetting& setting : forward_paths()) {
+      ScopedPath scoped(setting);
       SCOPED_TRACE(attention_flash_bf16_path());
       Outcome runs[2];
       for (int threads : {1, 2}) {
@@ -405,17 +422,27 @@ TEST(AttentionFlashBf16, ForwardVeryLargeLogits) {
   for (const FlashCase& c : test::large_logits_cases()) check_forward(c);
 }
 
-// The AMX path is among the paths the tests above run, wherever the CPU has it.
-TEST(AttentionFlashBf16, AmxPathIsTested) {
-  if (!cpu_has_amx_bf16()) GTEST_SKIP() << "this CPU (or OS) has no AMX-BF16 tiles: amx_bf16 path not tested";
-  if (!bf16_amx_active()) GTEST_SKIP() << "CABM_NO_AMX or CABM_FORCE_PORTABLE set: amx_bf16 path not tested";
+// The AMX forward is among the paths the tests above run: on emulated tiles wherever the CPU has
+// AVX-512 BF16, and on the tiles themselves wherever it has AMX.
+std::vector<std::string> forward_path_names() {
   std::vector<std::string> names;
-  for (Bf16Isa isa : forward_paths()) {
-    ScopedIsa scoped(isa);
+  for (const PathSetting& setting : forward_paths()) {
+    ScopedPath scoped(setting);
     names.emplace_back(attention_flash_bf16_path());
   }
-  EXPECT_NE(std::find(names.begin(), names.end(), "amx_bf16"), names.end());
+  return names;
+}
+TEST(AttentionFlashBf16, AmxEmulatedPathIsTested) {
+  if (!cpu_has_avx512_bf16()) GTEST_SKIP() << "this CPU (or OS) has no AVX-512 BF16: amx_bf16_emulated not tested";
+  const std::vector<std::string> names = forward_path_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "amx_bf16_emulated"), names.end());
   EXPECT_NE(std::find(names.begin(), names.end(), "avx512_bf16"), names.end());
+}
+TEST(AttentionFlashBf16, AmxPathIsTested) {
+  if (!cpu_has_amx_bf16()) GTEST_SKIP() << "this CPU (or OS) has no AMX-BF16 tiles: amx_bf16 tested only emulated";
+  if (!bf16_amx_active()) GTEST_SKIP() << "CABM_NO_AMX or CABM_FORCE_PORTABLE set: amx_bf16 tested only emulated";
+  const std::vector<std::string> names = forward_path_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "amx_bf16"), names.end());
 }
 
 // --- backward ---------------------------------------------------------------------------------
@@ -474,8 +501,8 @@ TEST(AttentionFlashBf16Backward, ThreadCounts) {
     const Inputs in = make_inputs(c.s, c.seed, c.strided);
     const Outcome ref = run_reference(in, options, true);
     const Bounds b = derive_bounds(in, options, ref);
-    for (Bf16Isa isa : backward_paths()) {
-      ScopedIsa scoped(isa);
+    for (const PathSetting& setting : backward_paths()) {
+      ScopedPath scoped(setting);
       SCOPED_TRACE(attention_flash_bf16_backward_path());
       Outcome runs[2][2];
       for (int threads : {1, 2}) {
@@ -492,7 +519,7 @@ TEST(AttentionFlashBf16Backward, ThreadCounts) {
       EXPECT_EQ(one.out.to_vector(), two.out.to_vector());
       EXPECT_EQ(one.grads.dk.to_vector(), two.grads.dk.to_vector());
       EXPECT_EQ(one.grads.dv.to_vector(), two.grads.dv.to_vector());
-      if (isa == Bf16Isa::kPortable) {
+      if (setting.isa == Bf16Isa::kPortable) {
         EXPECT_EQ(one.grads.dq.to_vector(), two.grads.dq.to_vector());
       }
       expect_within(two.grads.dq, one.grads.dq, b.p_dq, "dq 2 threads vs 1");
@@ -508,8 +535,8 @@ TEST(AttentionFlashBf16Backward, FullyMaskedRowsAndKeysGiveZeros) {
   AttentionOptions options;
   options.mask = Mask::causal() & Mask::key_padding({35, 0});
   const Inputs in = make_inputs(s, 1, true);
-  for (Bf16Isa isa : backward_paths()) {
-    ScopedIsa scoped(isa);
+  for (const PathSetting& setting : backward_paths()) {
+    ScopedPath scoped(setting);
     SCOPED_TRACE(attention_flash_bf16_backward_path());
     test::expect_zeros_where_fully_masked(run_bf16(in, options, {16, 16}, true), s, 35);
   }

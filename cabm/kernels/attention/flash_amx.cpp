@@ -1,12 +1,15 @@
 #include "cabm/kernels/attention/flash_amx.h"
 
 #include "cabm/core/error.h"
+#include "cabm/kernels/attention/amx_tiles.h"
 #include "cabm/kernels/attention/bf16_avx512.h"
 #include "cabm/kernels/attention/bf16_packing.h"
 #include "cabm/kernels/attention/bf16_variants.h"
 #include "cabm/kernels/attention/tile_mask.h"
+#include "cabm/kernels/bf16.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -19,6 +22,18 @@
 
 namespace cabm::detail {
 
+namespace {
+std::atomic<bool> g_amx_emulation{false};
+}  // namespace
+
+void set_amx_emulation(bool on) {
+  CABM_CHECK(!on || cpu_has_avx512_bf16(), "the emulated AMX path needs a CPU with AVX512_BF16");
+  g_amx_emulation.store(on, std::memory_order_relaxed);
+}
+bool amx_emulation() {
+  return g_amx_emulation.load(std::memory_order_relaxed);
+}
+
 #if defined(CABM_HAVE_AMX_CODE)
 
 namespace {
@@ -30,25 +45,10 @@ int64_t round_up(int64_t a, int64_t b) {
   return (a + b - 1) / b * b;
 }
 
-#define CABM_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 #pragma GCC diagnostic push
 #ifndef __clang__  // a GCC-only warning group; clang warns about the unknown name
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-
-// GCC's tileloadd asm has no memory operand: without this barrier the compiler may keep the
-// stores that fill a tile's source (P, the rescaled O) after the load that reads them.
-inline void memory_barrier() {
-  __asm__ volatile("" ::: "memory");
-}
-
-struct alignas(64) TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
 
 // Sizes of one call. Packed, zero padded, per head:
 //   K [Mp/16][dp/2][16][2]  16 keys, then pairs of head-dim elements (the B tile of S for 16 keys
@@ -101,6 +101,7 @@ struct Args {
 
 // S[r][c] = Σ_e Q[r][e]·K[j0 + c][e] for rows r < 16·nrt, keys c < 16·nt. kb: the packed K block of
 // key j0; q [kRows][dp]; s [kRows][lds]. Tiles 0-3 C, 4-5 A (query rows 0-15, 16-31), 6-7 B.
+template <class Tiles>
 CABM_AMX void scores_amx(const bf16* q, int64_t dp, int nrt, const bf16* kb, int64_t nt, float* s, int64_t lds) {
   memory_barrier();
   const int64_t kblock = dp / 2 * 32, nc = dp / 32, qs = dp * 2, ss = lds * 4;
@@ -109,51 +110,52 @@ CABM_AMX void scores_amx(const bf16* q, int64_t dp, int nrt, const bf16* kb, int
   int64_t t = 0;
   for (; t + 2 <= nt; t += 2) {
     const bf16 *k0 = kb + t * kblock, *k1 = k0 + kblock;
-    _tile_zero(0);
-    _tile_zero(1);
+    Tiles::template zero<0>();
+    Tiles::template zero<1>();
     if (nrt == 2) {
-      _tile_zero(2);
-      _tile_zero(3);
+      Tiles::template zero<2>();
+      Tiles::template zero<3>();
     }
     for (int64_t c = 0; c < nc; ++c) {
-      _tile_loadd(6, k0 + c * 512, 64);
-      _tile_loadd(7, k1 + c * 512, 64);
-      _tile_loadd(4, q + c * 32, qs);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
+      Tiles::template load<6>(k0 + c * 512, 64);
+      Tiles::template load<7>(k1 + c * 512, 64);
+      Tiles::template load<4>(q + c * 32, qs);
+      Tiles::template dpbf16ps<0, 4, 6>();
+      Tiles::template dpbf16ps<1, 4, 7>();
       if (nrt == 2) {
-        _tile_loadd(5, q1 + c * 32, qs);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+        Tiles::template load<5>(q1 + c * 32, qs);
+        Tiles::template dpbf16ps<2, 5, 6>();
+        Tiles::template dpbf16ps<3, 5, 7>();
       }
     }
-    _tile_stored(0, s + t * 16, ss);
-    _tile_stored(1, s + t * 16 + 16, ss);
+    Tiles::template store<0>(s + t * 16, ss);
+    Tiles::template store<1>(s + t * 16 + 16, ss);
     if (nrt == 2) {
-      _tile_stored(2, s1 + t * 16, ss);
-      _tile_stored(3, s1 + t * 16 + 16, ss);
+      Tiles::template store<2>(s1 + t * 16, ss);
+      Tiles::template store<3>(s1 + t * 16 + 16, ss);
     }
   }
   if (t < nt) {
     const bf16* k0 = kb + t * kblock;
-    _tile_zero(0);
-    _tile_zero(2);
+    Tiles::template zero<0>();
+    Tiles::template zero<2>();
     for (int64_t c = 0; c < nc; ++c) {
-      _tile_loadd(6, k0 + c * 512, 64);
-      _tile_loadd(4, q + c * 32, qs);
-      _tile_dpbf16ps(0, 4, 6);
+      Tiles::template load<6>(k0 + c * 512, 64);
+      Tiles::template load<4>(q + c * 32, qs);
+      Tiles::template dpbf16ps<0, 4, 6>();
       if (nrt == 2) {
-        _tile_loadd(5, q1 + c * 32, qs);
-        _tile_dpbf16ps(2, 5, 6);
+        Tiles::template load<5>(q1 + c * 32, qs);
+        Tiles::template dpbf16ps<2, 5, 6>();
       }
     }
-    _tile_stored(0, s + t * 16, ss);
-    if (nrt == 2) _tile_stored(2, s1 + t * 16, ss);
+    Tiles::template store<0>(s + t * 16, ss);
+    if (nrt == 2) Tiles::template store<2>(s1 + t * 16, ss);
   }
 }
 
 // O[r][c] += Σ_j P[r][j]·V[j0 + j][c] for rows r < 16·nrt, keys j < 32·nkc, all dvp columns.
 // vb: packed V at key j0 (even); p [kRows][ldp]; o [kRows][dvp]. Tiles 0-3 C, 4-5 A, 6-7 B.
+template <class Tiles>
 CABM_AMX void pv_amx(const bf16* p, int64_t ldp, int nrt, const bf16* vb, int64_t dvp, int64_t nkc, float* o) {
   memory_barrier();
   const int64_t ps = ldp * 2, vs = dvp * 4, chunk = 32 * dvp, ncb = dvp / 16;
@@ -163,48 +165,48 @@ CABM_AMX void pv_amx(const bf16* p, int64_t ldp, int nrt, const bf16* vb, int64_
   for (; cb + 2 <= ncb; cb += 2) {
     float* oc = o + cb * 16;
     float* oc1 = o1 + cb * 16;
-    _tile_loadd(0, oc, vs);
-    _tile_loadd(1, oc + 16, vs);
+    Tiles::template load<0>(oc, vs);
+    Tiles::template load<1>(oc + 16, vs);
     if (nrt == 2) {
-      _tile_loadd(2, oc1, vs);
-      _tile_loadd(3, oc1 + 16, vs);
+      Tiles::template load<2>(oc1, vs);
+      Tiles::template load<3>(oc1 + 16, vs);
     }
     for (int64_t kc = 0; kc < nkc; ++kc) {
       const bf16* v0 = vb + kc * chunk + cb * 32;
-      _tile_loadd(6, v0, vs);
-      _tile_loadd(7, v0 + 32, vs);
-      _tile_loadd(4, p + kc * 32, ps);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
+      Tiles::template load<6>(v0, vs);
+      Tiles::template load<7>(v0 + 32, vs);
+      Tiles::template load<4>(p + kc * 32, ps);
+      Tiles::template dpbf16ps<0, 4, 6>();
+      Tiles::template dpbf16ps<1, 4, 7>();
       if (nrt == 2) {
-        _tile_loadd(5, p1 + kc * 32, ps);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+        Tiles::template load<5>(p1 + kc * 32, ps);
+        Tiles::template dpbf16ps<2, 5, 6>();
+        Tiles::template dpbf16ps<3, 5, 7>();
       }
     }
-    _tile_stored(0, oc, vs);
-    _tile_stored(1, oc + 16, vs);
+    Tiles::template store<0>(oc, vs);
+    Tiles::template store<1>(oc + 16, vs);
     if (nrt == 2) {
-      _tile_stored(2, oc1, vs);
-      _tile_stored(3, oc1 + 16, vs);
+      Tiles::template store<2>(oc1, vs);
+      Tiles::template store<3>(oc1 + 16, vs);
     }
   }
   if (cb < ncb) {
     float* oc = o + cb * 16;
     float* oc1 = o1 + cb * 16;
-    _tile_loadd(0, oc, vs);
-    if (nrt == 2) _tile_loadd(2, oc1, vs);
+    Tiles::template load<0>(oc, vs);
+    if (nrt == 2) Tiles::template load<2>(oc1, vs);
     for (int64_t kc = 0; kc < nkc; ++kc) {
-      _tile_loadd(6, vb + kc * chunk + cb * 32, vs);
-      _tile_loadd(4, p + kc * 32, ps);
-      _tile_dpbf16ps(0, 4, 6);
+      Tiles::template load<6>(vb + kc * chunk + cb * 32, vs);
+      Tiles::template load<4>(p + kc * 32, ps);
+      Tiles::template dpbf16ps<0, 4, 6>();
       if (nrt == 2) {
-        _tile_loadd(5, p1 + kc * 32, ps);
-        _tile_dpbf16ps(2, 5, 6);
+        Tiles::template load<5>(p1 + kc * 32, ps);
+        Tiles::template dpbf16ps<2, 5, 6>();
       }
     }
-    _tile_stored(0, oc, vs);
-    if (nrt == 2) _tile_stored(2, oc1, vs);
+    Tiles::template store<0>(oc, vs);
+    if (nrt == 2) Tiles::template store<2>(oc1, vs);
   }
 }
 
@@ -333,6 +335,7 @@ CABM_AMX void scale_row(float* o, int64_t n, float a) {
 }
 
 // Rows [32·qt, 32·qt + 32) of head (b, h); the loop over key blocks is attention/flash_bf16.cpp's.
+template <class Tiles>
 CABM_AMX void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int64_t h, int64_t qt) {
   const Problem& p = args.p;
   const int64_t i0 = qt * kRows, ni = std::min(kRows, p.N - i0);
@@ -372,7 +375,7 @@ CABM_AMX void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int6
       mask = mt;
     }
 
-    scores_amx(buf.q.data(), p.dp, nrt, kp + j0 * p.dp, nk16 / 16, s, lds);
+    scores_amx<Tiles>(buf.q.data(), p.dp, nrt, kp + j0 * p.dp, nk16 / 16, s, lds);
     if (p.variants) {
       args.variants.key_positions(j0, nk16, buf.kpos.data());
       variant_scores_avx512(args.variants, h, i0, ni, buf.kpos.data(), nk16, s, lds);
@@ -400,7 +403,7 @@ CABM_AMX void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int6
       for (int64_t u = r; u < r + nr; ++u)
         if (buf.alpha[u] != 1.0f) scale_row(o + u * p.dvp, p.dvp, buf.alpha[u]);
     }
-    pv_amx(buf.p.data(), lds, nrt, vp + j0 * p.dvp, p.dvp, nk32 / 32, o);
+    pv_amx<Tiles>(buf.p.data(), lds, nrt, vp + j0 * p.dvp, p.dvp, nk32 / 32, o);
   }
 
   // One division per row; fully masked rows (l = 0) give 0 and lse = −inf.
@@ -409,19 +412,13 @@ CABM_AMX void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int6
 }
 
 // One thread's share: its tile configuration is per thread (loaded here, released at the end).
+template <class Tiles>
 CABM_AMX void run_items(const Args& args, const std::vector<QueryTileItem>& items) {
   Buffers buf(args.p);
-  TileConfig cfg{};
-  cfg.palette_id = 1;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  memory_barrier();
-  _tile_loadconfig(&cfg);
+  Tiles::configure();
 #pragma omp for schedule(dynamic, 1)
-  for (size_t n = 0; n < items.size(); ++n) forward_query_tile(args, buf, items[n].b, items[n].h, items[n].qt);
-  _tile_release();
+  for (size_t n = 0; n < items.size(); ++n) forward_query_tile<Tiles>(args, buf, items[n].b, items[n].h, items[n].qt);
+  Tiles::release();
 }
 
 #pragma GCC diagnostic pop
@@ -430,7 +427,7 @@ CABM_AMX void run_items(const Args& args, const std::vector<QueryTileItem>& item
 
 void attention_flash_bf16_forward_amx(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const AttentionOptions& options, const Tensor& out, const Tensor* lse,
-                                      const FlashConfig& tiles) {
+                                      const FlashConfig& tiles, AmxTiles run_on) {
   Problem p{};
   p.B = q.size(0), p.N = q.size(1), p.H = q.size(2), p.Hkv = k.size(2), p.M = k.size(1);
   p.d = q.size(3), p.dv = v.size(3);
@@ -459,14 +456,19 @@ void attention_flash_bf16_forward_amx(const Tensor& q, const Tensor& k, const Te
 
   // Head by head, heaviest first within a head (see forward_work_items).
   const std::vector<QueryTileItem> items = forward_work_items(mask, p.H, p.N, kRows, 0, p.B * p.H);
+  if (run_on == AmxTiles::kEmulated) {
 #pragma omp parallel
-  run_items(args, items);
+    run_items<EmulatedTiles>(args, items);
+  } else {
+#pragma omp parallel
+    run_items<HardwareTiles>(args, items);
+  }
 }
 
 #else
 
 void attention_flash_bf16_forward_amx(const Tensor&, const Tensor&, const Tensor&, const AttentionOptions&,
-                                      const Tensor&, const Tensor*, const FlashConfig&) {
+                                      const Tensor&, const Tensor*, const FlashConfig&, AmxTiles) {
   CABM_CHECK(false, "the AMX attention forward is only built for x86-64");
 }
 

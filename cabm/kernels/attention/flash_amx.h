@@ -20,12 +20,24 @@
 
 namespace cabm::detail {
 
+// Where the tile instructions run (attention/amx_tiles.h): on the CPU's AMX tiles, or on a scalar
+// model of them that any CPU with AVX512_BF16 runs (path "amx_bf16_emulated", which the tests
+// take to check this kernel where no AMX exists; results equal the hardware's up to the order of
+// fp32 additions inside tdpbf16ps, which Intel does not specify beyond its pseudo-code).
+enum class AmxTiles { kHardware, kEmulated };
+
 // q [B, N, H, d], k [B, M, Hkv, d], v [B, M, Hkv, dv] BF16 (H a multiple of Hkv; soft-capping and
 // ALiBi as attention/bf16_variants.h), out [B, N, H, dv] F32, lse null or F32
 // [B, H, N]: shapes checked by the caller; tiles resolved, block_k a multiple of 16. Only to be
-// called when bf16_amx_active() (bf16.h); B·H·N > 0.
+// called when bf16_amx_active() (bf16.h) for kHardware, cpu_has_avx512_bf16() for kEmulated;
+// B·H·N > 0.
 void attention_flash_bf16_forward_amx(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const AttentionOptions& options, const Tensor& out, const Tensor* lse,
-                                      const FlashConfig& tiles);
+                                      const FlashConfig& tiles, AmxTiles run_on);
+
+// Test hook: while on, attention_flash_bf16_forward takes the emulated AMX path wherever it would
+// take avx512_bf16 (attention/flash_bf16.cpp). Off by default; not for use while kernels run.
+void set_amx_emulation(bool on);
+bool amx_emulation();
 
 }  // namespace cabm::detail

@@ -424,12 +424,15 @@ void attention_flash_bf16_backward_portable(const AttentionSaved& saved, const T
 // ---------------------------------------------------------------------------------------------
 // Path selection (see attention/flash_bf16.h).
 
-enum class Path { kPortable, kSimdFp32, kAvx512Bf16, kAmxBf16 };
+enum class Path { kPortable, kSimdFp32, kAvx512Bf16, kAmxBf16, kAmxBf16Emulated };
 
 bool have_simd_fp32() { return std::strcmp(flash_isa(), "portable") != 0; }
 
 Path forward_path() {
-  if (bf16_active_isa() == Bf16Isa::kAvx512Bf16) return bf16_amx_active() ? Path::kAmxBf16 : Path::kAvx512Bf16;
+  if (bf16_active_isa() == Bf16Isa::kAvx512Bf16) {
+    if (detail::amx_emulation()) return Path::kAmxBf16Emulated;  // a test hook (attention/flash_amx.h)
+    return bf16_amx_active() ? Path::kAmxBf16 : Path::kAvx512Bf16;
+  }
   if (!bf16_portable_forced() && have_simd_fp32()) return Path::kSimdFp32;
   return Path::kPortable;
 }
@@ -437,13 +440,15 @@ Path forward_path() {
 Path backward_path() {
   const Path path = forward_path();
   // No AMX backward (yet): AMX CPUs take the vdpbf16ps one (attention/flash_bf16_backward.cpp).
-  return path == Path::kAmxBf16 ? Path::kAvx512Bf16 : path;
+  return path == Path::kAmxBf16 || path == Path::kAmxBf16Emulated ? Path::kAvx512Bf16 : path;
 }
 
 const char* path_name(Path path) {
   switch (path) {
     case Path::kAmxBf16:
       return "amx_bf16";
+    case Path::kAmxBf16Emulated:
+      return "amx_bf16_emulated";
     case Path::kAvx512Bf16:
       return "avx512_bf16";
     case Path::kSimdFp32:
@@ -547,8 +552,10 @@ void attention_flash_bf16_forward(const Tensor& q, const Tensor& k, const Tensor
     CABM_CHECK(lse->dtype() == DType::F32 && lse->shape() == (Shape{p.B, p.H, p.N}) && lse->is_contiguous(),
                "lse must be a contiguous F32 [B, H, N] tensor, got {}", shape_str(lse->shape()));
   if (p.B * p.H * p.N == 0) return;
-  if (path == Path::kAmxBf16) {  // every mask kind and dropout: no fallback needed
-    detail::attention_flash_bf16_forward_amx(q, k, v, options, out, lse, tiles);
+  if (path == Path::kAmxBf16 || path == Path::kAmxBf16Emulated) {  // every mask kind and dropout
+    detail::attention_flash_bf16_forward_amx(
+        q, k, v, options, out, lse, tiles,
+        path == Path::kAmxBf16 ? detail::AmxTiles::kHardware : detail::AmxTiles::kEmulated);
     return;
   }
   const TileMask mask(options.mask, p.B, p.H, p.N, p.M);

@@ -11,12 +11,17 @@
 // Paths, chosen at run time (attention_flash_bf16_path() names the one that runs):
 //   amx_bf16     CPUs with AMX-BF16 tiles as well (bf16_amx_active()), forward only: both products
 //                with tdpbf16ps on 16×16 fp32 tiles, the online softmax in AVX-512, every mask kind
-//                and dropout (attention/flash_amx.h). Its backward runs on the fp32 SIMD path.
+//                and dropout (attention/flash_amx.h). Its backward is avx512_bf16's.
 //                set_bf16_isa_override(kAvx512Bf16) or CABM_NO_AMX=1 selects avx512_bf16 instead.
-//   avx512_bf16  CPUs with AVX-512 BF16 (bf16_active_isa() == kAvx512Bf16), forward only: both
-//                products with vdpbf16ps on pair-interleaved packed tiles (K: 16 keys × 2 head-dim
+//   amx_bf16_emulated  the same kernel on a scalar model of the tiles (attention/amx_tiles.h),
+//                taken only while the tests' hook detail::set_amx_emulation is on, on any CPU with
+//                AVX-512 BF16: how the AMX kernel is tested where no AMX exists.
+//   avx512_bf16  CPUs with AVX-512 BF16 (bf16_active_isa() == kAvx512Bf16): both products
+//                with vdpbf16ps on pair-interleaved packed tiles (K: 16 keys × 2 head-dim
 //                elements per zmm; V: 2 keys × 16 columns per zmm; Q and P rows read as 32-bit
-//                pairs and broadcast). Its backward runs on the next path.
+//                pairs and broadcast); the backward's five products on the same micro-kernels
+//                (attention/flash_bf16_backward.h), except for calls with soft-capping or ALiBi,
+//                whose backward runs on the next path.
 //   avx2_fp32    (avx512_fp32 where the build targets AVX-512F) CPUs without AVX-512 BF16, when the
 //                library is built with SIMD (-march=native on an AVX2 + FMA CPU): the bf16 tiles
 //                are widened to fp32 (exact) into per-thread scratch and the fp32 flash kernel's
@@ -70,10 +75,11 @@ void attention_flash_bf16_backward(const AttentionSaved& saved, const Tensor& do
 // by attention.cpp.)
 bool flash_bf16_supports_variants(int64_t H, int64_t Hkv, const AttentionOptions& options, bool backward);
 
-// The path attention_flash_bf16_forward takes now: "amx_bf16", "avx512_bf16", "avx2_fp32" (or
-// "avx512_fp32") or "portable".
+// The path attention_flash_bf16_forward takes now: "amx_bf16", "amx_bf16_emulated" (tests only),
+// "avx512_bf16", "avx2_fp32" (or "avx512_fp32") or "portable".
 const char* attention_flash_bf16_path();
-// The path attention_flash_bf16_backward takes now: "avx2_fp32" (or "avx512_fp32") or "portable".
+// The path attention_flash_bf16_backward takes now (for calls without soft-capping or ALiBi):
+// "avx512_bf16", "avx2_fp32" (or "avx512_fp32") or "portable".
 const char* attention_flash_bf16_backward_path();
 
 }  // namespace cabm
