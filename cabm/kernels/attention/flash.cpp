@@ -63,7 +63,9 @@ FlashConfig flash_resolved_config(const FlashConfig& config, const AttentionOpti
   //    Measured (B·N = 4096, H 8, 2 threads, causal; tile sizes interleaved in one process):
   //    N = 128, d 32: forward +24–31%, backward +12–24%; N = 256: +17% and +9–11%; at N = 512
   //    the gain is down to ≈ 5% and the defaults stay.
-  // Not tuned for AVX-512 (no such machine was available).
+  // On AVX-512 (AMD Zen 5, session 13: N 4096, H 8, 2 threads, nine pairs 32–128 × 48–192, three
+  // interleaved rounds, docs/attention_performance.md) the defaults were within 5% of the best pair
+  // for d 64 and 128, with and without a causal mask: inside that machine's noise, so kept.
   //    (Not for one query row, KV-cache decoding: its row sees whole tiles, no diagonal.)
   const bool short_diagonal =
       n > 1 && n <= 256 && (options.mask.causal_align() != CausalAlign::kNone || options.mask.has_window());
