@@ -430,16 +430,38 @@ void check_backward(const Case& c) {
   expect_within(r.grads.dv, ref.grads.dv, tol_dv, "dv");
 }
 
-// On the portable backward (this file's), and on the automatic backward path (the fp32 SIMD
-// tiles of attention/flash.cpp on most CPUs) where flash_bf16_supports_variants says it runs them.
+// On the portable backward (this file's), on the automatic backward path (the fp32 SIMD tiles of
+// attention/flash.cpp on most CPUs) where flash_bf16_supports_variants says it runs them, and,
+// for calls without soft-capping or ALiBi (GQA), on the vdpbf16ps and emulated AMX backwards
+// where the CPU has AVX-512 BF16.
 void check_backward_paths(const Case& c) {
-  for (Bf16Isa isa : {Bf16Isa::kPortable, Bf16Isa::kAuto}) {
-    ScopedIsa scoped(isa);
+  struct Setting {
+    Bf16Isa isa;
+    bool emulated_amx;
+  };
+  std::vector<Setting> settings{{Bf16Isa::kPortable, false}, {Bf16Isa::kAuto, false}};
+  const bool score_variants = c.options.softcap > 0.0f || !c.options.alibi_slopes.empty();
+  if (cpu_has_avx512_bf16() && !score_variants) {
+    settings.push_back({Bf16Isa::kAvx512Bf16, false});
+    settings.push_back({Bf16Isa::kAvx512Bf16, true});
+  }
+  std::vector<std::string> seen;
+  for (const Setting& setting : settings) {
+    ScopedIsa scoped(setting.isa);
+    detail::set_amx_emulation(setting.emulated_amx);
     const std::string path = attention_flash_bf16_backward_path();
-    if (isa == Bf16Isa::kAuto && path == "portable") continue;
-    if (isa == Bf16Isa::kAuto && !flash_bf16_supports_variants(c.s.H, c.Hkv, c.options, true)) continue;
-    SCOPED_TRACE("backward path " + path);
-    check_backward(c);
+    // The packed paths run GQA; calls with score variants leave them for the fp32 SIMD tiles.
+    const bool packed = path == "avx512_bf16" || path == "amx_bf16" || path == "amx_bf16_emulated";
+    const bool runs = setting.isa == Bf16Isa::kPortable || (packed && !score_variants) ||
+                      flash_bf16_supports_variants(c.s.H, c.Hkv, c.options, true);
+    const bool skip = !runs || std::find(seen.begin(), seen.end(), path) != seen.end() ||
+                      (setting.isa == Bf16Isa::kAuto && path == "portable");
+    seen.push_back(path);
+    if (!skip) {
+      SCOPED_TRACE("backward path " + path);
+      check_backward(c);
+    }
+    detail::set_amx_emulation(false);
   }
 }
 

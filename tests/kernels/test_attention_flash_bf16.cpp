@@ -32,8 +32,8 @@
 #include "cabm/kernels/attention/flash_amx.h"
 #include "cabm/kernels/attention/flash_bf16.h"
 #include "cabm/kernels/attention/reference.h"
-#include "cabm/kernels/simd.h"
 #include "cabm/kernels/bf16.h"
+#include "cabm/kernels/simd.h"
 #include "util/attention_cases.h"
 #include "util/test_util.h"
 
@@ -116,7 +116,9 @@ struct PathSetting {
   bool emulated_amx = false;
 };
 struct ScopedPath {
-  explicit ScopedPath(const PathSetting& setting) : isa(setting.isa) { detail::set_amx_emulation(setting.emulated_amx); }
+  explicit ScopedPath(const PathSetting& setting) : isa(setting.isa) {
+    detail::set_amx_emulation(setting.emulated_amx);
+  }
   ~ScopedPath() { detail::set_amx_emulation(false); }
   ScopedIsa isa;
 };
@@ -124,8 +126,8 @@ struct ScopedPath {
 // The settings that reach each distinct path at run time: forced portable, the automatic choice
 // (amx_bf16 on a CPU with AMX tiles; avx2_fp32 on a CPU without AVX-512 BF16 built with SIMD;
 // unless CABM_FORCE_PORTABLE or CABM_NO_AMX is set), and, where the CPU has AVX-512 BF16, that
-// path without AMX and the AMX forward on emulated tiles (amx_bf16_emulated; its backward is
-// avx512_bf16's). `name` picks the forward's or the backward's path names.
+// path without AMX and the AMX kernels on emulated tiles (amx_bf16_emulated). `name` picks the
+// forward's or the backward's path names.
 std::vector<PathSetting> paths(const char* (*name)()) {
   std::vector<PathSetting> out;
   std::vector<std::string> seen;
@@ -422,27 +424,33 @@ TEST(AttentionFlashBf16, ForwardVeryLargeLogits) {
   for (const FlashCase& c : test::large_logits_cases()) check_forward(c);
 }
 
-// The AMX forward is among the paths the tests above run: on emulated tiles wherever the CPU has
-// AVX-512 BF16, and on the tiles themselves wherever it has AMX.
-std::vector<std::string> forward_path_names() {
+// The AMX forward and backward are among the paths the tests here run: on emulated tiles
+// wherever the CPU has AVX-512 BF16, and on the tiles themselves wherever it has AMX.
+std::vector<std::string> path_names(const std::vector<PathSetting>& settings, const char* (*name)()) {
   std::vector<std::string> names;
-  for (const PathSetting& setting : forward_paths()) {
+  for (const PathSetting& setting : settings) {
     ScopedPath scoped(setting);
-    names.emplace_back(attention_flash_bf16_path());
+    names.emplace_back(name());
   }
   return names;
 }
+bool has(const std::vector<std::string>& names, const char* name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
 TEST(AttentionFlashBf16, AmxEmulatedPathIsTested) {
   if (!cpu_has_avx512_bf16()) GTEST_SKIP() << "this CPU (or OS) has no AVX-512 BF16: amx_bf16_emulated not tested";
-  const std::vector<std::string> names = forward_path_names();
-  EXPECT_NE(std::find(names.begin(), names.end(), "amx_bf16_emulated"), names.end());
-  EXPECT_NE(std::find(names.begin(), names.end(), "avx512_bf16"), names.end());
+  const std::vector<std::string> forward = path_names(forward_paths(), &attention_flash_bf16_path);
+  const std::vector<std::string> backward = path_names(backward_paths(), &attention_flash_bf16_backward_path);
+  EXPECT_TRUE(has(forward, "amx_bf16_emulated"));
+  EXPECT_TRUE(has(forward, "avx512_bf16"));
+  EXPECT_TRUE(has(backward, "amx_bf16_emulated"));
+  EXPECT_TRUE(has(backward, "avx512_bf16"));
 }
 TEST(AttentionFlashBf16, AmxPathIsTested) {
   if (!cpu_has_amx_bf16()) GTEST_SKIP() << "this CPU (or OS) has no AMX-BF16 tiles: amx_bf16 tested only emulated";
   if (!bf16_amx_active()) GTEST_SKIP() << "CABM_NO_AMX or CABM_FORCE_PORTABLE set: amx_bf16 tested only emulated";
-  const std::vector<std::string> names = forward_path_names();
-  EXPECT_NE(std::find(names.begin(), names.end(), "amx_bf16"), names.end());
+  EXPECT_TRUE(has(path_names(forward_paths(), &attention_flash_bf16_path), "amx_bf16"));
+  EXPECT_TRUE(has(path_names(backward_paths(), &attention_flash_bf16_backward_path), "amx_bf16"));
 }
 
 // --- backward ---------------------------------------------------------------------------------

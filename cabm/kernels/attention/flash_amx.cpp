@@ -1,7 +1,7 @@
 #include "cabm/kernels/attention/flash_amx.h"
 
 #include "cabm/core/error.h"
-#include "cabm/kernels/attention/amx_tiles.h"
+#include "cabm/kernels/attention/amx_tile_gemm.h"
 #include "cabm/kernels/attention/bf16_avx512.h"
 #include "cabm/kernels/attention/bf16_packing.h"
 #include "cabm/kernels/attention/bf16_variants.h"
@@ -98,117 +98,6 @@ struct Args {
   const ScoreVariants& variants;
   const Problem& p;
 };
-
-// S[r][c] = Σ_e Q[r][e]·K[j0 + c][e] for rows r < 16·nrt, keys c < 16·nt. kb: the packed K block of
-// key j0; q [kRows][dp]; s [kRows][lds]. Tiles 0-3 C, 4-5 A (query rows 0-15, 16-31), 6-7 B.
-template <class Tiles>
-CABM_AMX void scores_amx(const bf16* q, int64_t dp, int nrt, const bf16* kb, int64_t nt, float* s, int64_t lds) {
-  memory_barrier();
-  const int64_t kblock = dp / 2 * 32, nc = dp / 32, qs = dp * 2, ss = lds * 4;
-  const bf16* q1 = q + 16 * dp;
-  float* s1 = s + 16 * lds;
-  int64_t t = 0;
-  for (; t + 2 <= nt; t += 2) {
-    const bf16 *k0 = kb + t * kblock, *k1 = k0 + kblock;
-    Tiles::template zero<0>();
-    Tiles::template zero<1>();
-    if (nrt == 2) {
-      Tiles::template zero<2>();
-      Tiles::template zero<3>();
-    }
-    for (int64_t c = 0; c < nc; ++c) {
-      Tiles::template load<6>(k0 + c * 512, 64);
-      Tiles::template load<7>(k1 + c * 512, 64);
-      Tiles::template load<4>(q + c * 32, qs);
-      Tiles::template dpbf16ps<0, 4, 6>();
-      Tiles::template dpbf16ps<1, 4, 7>();
-      if (nrt == 2) {
-        Tiles::template load<5>(q1 + c * 32, qs);
-        Tiles::template dpbf16ps<2, 5, 6>();
-        Tiles::template dpbf16ps<3, 5, 7>();
-      }
-    }
-    Tiles::template store<0>(s + t * 16, ss);
-    Tiles::template store<1>(s + t * 16 + 16, ss);
-    if (nrt == 2) {
-      Tiles::template store<2>(s1 + t * 16, ss);
-      Tiles::template store<3>(s1 + t * 16 + 16, ss);
-    }
-  }
-  if (t < nt) {
-    const bf16* k0 = kb + t * kblock;
-    Tiles::template zero<0>();
-    Tiles::template zero<2>();
-    for (int64_t c = 0; c < nc; ++c) {
-      Tiles::template load<6>(k0 + c * 512, 64);
-      Tiles::template load<4>(q + c * 32, qs);
-      Tiles::template dpbf16ps<0, 4, 6>();
-      if (nrt == 2) {
-        Tiles::template load<5>(q1 + c * 32, qs);
-        Tiles::template dpbf16ps<2, 5, 6>();
-      }
-    }
-    Tiles::template store<0>(s + t * 16, ss);
-    if (nrt == 2) Tiles::template store<2>(s1 + t * 16, ss);
-  }
-}
-
-// O[r][c] += Σ_j P[r][j]·V[j0 + j][c] for rows r < 16·nrt, keys j < 32·nkc, all dvp columns.
-// vb: packed V at key j0 (even); p [kRows][ldp]; o [kRows][dvp]. Tiles 0-3 C, 4-5 A, 6-7 B.
-template <class Tiles>
-CABM_AMX void pv_amx(const bf16* p, int64_t ldp, int nrt, const bf16* vb, int64_t dvp, int64_t nkc, float* o) {
-  memory_barrier();
-  const int64_t ps = ldp * 2, vs = dvp * 4, chunk = 32 * dvp, ncb = dvp / 16;
-  const bf16* p1 = p + 16 * ldp;
-  float* o1 = o + 16 * dvp;
-  int64_t cb = 0;
-  for (; cb + 2 <= ncb; cb += 2) {
-    float* oc = o + cb * 16;
-    float* oc1 = o1 + cb * 16;
-    Tiles::template load<0>(oc, vs);
-    Tiles::template load<1>(oc + 16, vs);
-    if (nrt == 2) {
-      Tiles::template load<2>(oc1, vs);
-      Tiles::template load<3>(oc1 + 16, vs);
-    }
-    for (int64_t kc = 0; kc < nkc; ++kc) {
-      const bf16* v0 = vb + kc * chunk + cb * 32;
-      Tiles::template load<6>(v0, vs);
-      Tiles::template load<7>(v0 + 32, vs);
-      Tiles::template load<4>(p + kc * 32, ps);
-      Tiles::template dpbf16ps<0, 4, 6>();
-      Tiles::template dpbf16ps<1, 4, 7>();
-      if (nrt == 2) {
-        Tiles::template load<5>(p1 + kc * 32, ps);
-        Tiles::template dpbf16ps<2, 5, 6>();
-        Tiles::template dpbf16ps<3, 5, 7>();
-      }
-    }
-    Tiles::template store<0>(oc, vs);
-    Tiles::template store<1>(oc + 16, vs);
-    if (nrt == 2) {
-      Tiles::template store<2>(oc1, vs);
-      Tiles::template store<3>(oc1 + 16, vs);
-    }
-  }
-  if (cb < ncb) {
-    float* oc = o + cb * 16;
-    float* oc1 = o1 + cb * 16;
-    Tiles::template load<0>(oc, vs);
-    if (nrt == 2) Tiles::template load<2>(oc1, vs);
-    for (int64_t kc = 0; kc < nkc; ++kc) {
-      Tiles::template load<6>(vb + kc * chunk + cb * 32, vs);
-      Tiles::template load<4>(p + kc * 32, ps);
-      Tiles::template dpbf16ps<0, 4, 6>();
-      if (nrt == 2) {
-        Tiles::template load<5>(p1 + kc * 32, ps);
-        Tiles::template dpbf16ps<2, 5, 6>();
-      }
-    }
-    Tiles::template store<0>(oc, vs);
-    if (nrt == 2) Tiles::template store<2>(oc1, vs);
-  }
-}
 
 // 2^x for x <= 0: detail::exp2_nonpositive of attention/bf16_avx512.h (the avx512_bf16 path's,
 // bit for bit; its target features are a subset of CABM_AMX's, so it inlines here).
@@ -375,7 +264,8 @@ CABM_AMX void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int6
       mask = mt;
     }
 
-    scores_amx<Tiles>(buf.q.data(), p.dp, nrt, kp + j0 * p.dp, nk16 / 16, s, lds);
+    // S = Q·Kᵀ: K in 16-key blocks of head-dim pairs, one block after another.
+    tile_gemm<Tiles>(16 * nrt, nk16, p.dp, buf.q.data(), p.dp, {kp + j0 * p.dp, 32, 16 * p.dp}, s, lds, false);
     if (p.variants) {
       args.variants.key_positions(j0, nk16, buf.kpos.data());
       variant_scores_avx512(args.variants, h, i0, ni, buf.kpos.data(), nk16, s, lds);
@@ -403,12 +293,13 @@ CABM_AMX void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int6
       for (int64_t u = r; u < r + nr; ++u)
         if (buf.alpha[u] != 1.0f) scale_row(o + u * p.dvp, p.dvp, buf.alpha[u]);
     }
-    pv_amx<Tiles>(buf.p.data(), lds, nrt, vp + j0 * p.dvp, p.dvp, nk32 / 32, o);
+    // O += P·V over 32 keys at a time: V as pairs of keys [Mp/2][dvp][2].
+    tile_gemm<Tiles>(16 * nrt, p.dvp, nk32, buf.p.data(), lds, {vp + j0 * p.dvp, 2 * p.dvp, 32}, o, p.dvp, true);
   }
 
   // One division per row; fully masked rows (l = 0) give 0 and lse = −inf.
   detail::write_tile_output(args.out, b, h, i0, ni, p.dv, {o, p.dvp, buf.l.data(), buf.m.data()},
-                    args.lse ? args.lse + (b * p.H + h) * p.N + i0 : nullptr);
+                            args.lse ? args.lse + (b * p.H + h) * p.N + i0 : nullptr);
 }
 
 // One thread's share: its tile configuration is per thread (loaded here, released at the end).

@@ -21,8 +21,12 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int64_t kKeyBlock = 16;  // keys per packed K block: one zmm of fp32 score lanes
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+int64_t round_up(int64_t a, int64_t b) {
+  return ceil_div(a, b) * b;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Packed layouts (all bf16, zero padded), per key/value head (attention/bf16_packing.h; the
@@ -45,15 +49,19 @@ struct Problem {
 
 using detail::bf16_head_ptr;
 using detail::f32_row;
-inline int64_t k_index(int64_t j, int64_t c, int64_t dp) { return detail::packed_k_index(j, c, dp); }
-inline int64_t v_index(int64_t j, int64_t c, int64_t dvp) { return detail::packed_v_index(j, c, dvp); }
+inline int64_t k_index(int64_t j, int64_t c, int64_t dp) {
+  return detail::packed_k_index(j, c, dp);
+}
+inline int64_t v_index(int64_t j, int64_t c, int64_t dvp) {
+  return detail::packed_v_index(j, c, dvp);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Portable products: the same packed operands, fp32 scalar math.
 
 // s[r][c] = Σ_e q[r][e]·k[j0 + c][e] for r < ni, c < nk16 (j0 a multiple of 16).
-void scores_portable(const bf16* qp, int64_t ni, const bf16* kp, int64_t j0, int64_t nk16, const Problem& p,
-                     float* s, int64_t lds) {
+void scores_portable(const bf16* qp, int64_t ni, const bf16* kp, int64_t j0, int64_t nk16, const Problem& p, float* s,
+                     int64_t lds) {
   std::vector<float> kt(static_cast<size_t>(p.dp * nk16));  // [dp][nk16] fp32
   for (int64_t c = 0; c < nk16; ++c)
     for (int64_t e = 0; e < p.dp; ++e) kt[e * nk16 + c] = bf16_to_float(kp[k_index(j0 + c, e, p.dp)]);
@@ -83,8 +91,8 @@ void pv_portable(const bf16* pt, int64_t ldp, int64_t ni, const bf16* vp, int64_
 }
 
 // Row pass of the online softmax over one tile (see forward_query_tile).
-void softmax_rows_portable(float* s, int64_t lds, int64_t ni, int64_t nk16, const float* mask, float qscale,
-                           float* m, float* l, float* alpha) {
+void softmax_rows_portable(float* s, int64_t lds, int64_t ni, int64_t nk16, const float* mask, float qscale, float* m,
+                           float* l, float* alpha) {
   for (int64_t r = 0; r < ni; ++r) {
     float* x = s + r * lds;
     float tmax = -INFINITY;
@@ -103,7 +111,6 @@ void softmax_rows_portable(float* s, int64_t lds, int64_t ni, int64_t nk16, cons
     m[r] = m_new;
   }
 }
-
 
 // ---------------------------------------------------------------------------------------------
 // Forward. One work item is (b, h, query tile); rows are queries, lanes are keys (scores) or
@@ -223,7 +230,7 @@ void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int64_t h, in
 
   // One division per row; fully masked rows (l = 0) give 0 and lse = −inf.
   detail::write_tile_output(args.out, b, h, i0, ni, p.dv, {o, buf.ldo, buf.l.data(), buf.m.data()},
-                    args.lse ? args.lse + (b * p.H + h) * p.N + i0 : nullptr);
+                            args.lse ? args.lse + (b * p.H + h) * p.N + i0 : nullptr);
 }
 
 void check_shapes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out) {
@@ -263,7 +270,9 @@ void check_shapes(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
 // where the mask blocks them entirely. Every gradient element has one writer and a fixed order of
 // sums: the result is bitwise the same for any thread count.
 
-float round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
+float round_bf16(float x) {
+  return bf16_to_float(float_to_bf16(x));
+}
 
 struct BackwardProblem {
   int64_t B, N, H, Hkv, M, d, dv;
@@ -343,7 +352,7 @@ void backward_query_head_portable(const BackwardArgs& args, BackwardBuffers& buf
           const float* vj = buf.v.data() + j * dv;
           float score = 0.0f;
           for (int64_t e = 0; e < d; ++e) score += qi[e] * kj[e];
-          float cap_grad = 1.0f;  // dt/du of the soft-cap
+          float cap_grad = 1.0f;    // dt/du of the soft-cap
           if (variants.active()) {  // as variant_scores_portable, then base 2
             float t = score * p.scale;
             if (cap > 0.0f) {
@@ -426,7 +435,9 @@ void attention_flash_bf16_backward_portable(const AttentionSaved& saved, const T
 
 enum class Path { kPortable, kSimdFp32, kAvx512Bf16, kAmxBf16, kAmxBf16Emulated };
 
-bool have_simd_fp32() { return std::strcmp(flash_isa(), "portable") != 0; }
+bool have_simd_fp32() {
+  return std::strcmp(flash_isa(), "portable") != 0;
+}
 
 Path forward_path() {
   if (bf16_active_isa() == Bf16Isa::kAvx512Bf16) {
@@ -437,10 +448,9 @@ Path forward_path() {
   return Path::kPortable;
 }
 
+// The backward takes the forward's path (attention/flash_bf16_backward.cpp for the bf16 ones).
 Path backward_path() {
-  const Path path = forward_path();
-  // No AMX backward (yet): AMX CPUs take the vdpbf16ps one (attention/flash_bf16_backward.cpp).
-  return path == Path::kAmxBf16 || path == Path::kAmxBf16Emulated ? Path::kAvx512Bf16 : path;
+  return forward_path();
 }
 
 const char* path_name(Path path) {
@@ -463,9 +473,10 @@ void check_backward_shapes(const AttentionSaved& saved, const Tensor& dout, cons
   check_shapes(saved.q, saved.k, saved.v, saved.out);
   const auto check_like = [](const Tensor& t, const Shape& shape, const char* name) {
     if (!t.defined() || t.dtype() != DType::F32 || t.shape() != shape || t.stride(3) != 1)
-      throw Error(fmt::format("attention_flash_bf16_backward: {} must be an F32 tensor of shape {} with unit last "
-                              "stride",
-                              name, shape_str(shape)));
+      throw Error(
+          fmt::format("attention_flash_bf16_backward: {} must be an F32 tensor of shape {} with unit last "
+                      "stride",
+                      name, shape_str(shape)));
   };
   check_like(dout, saved.out.shape(), "dout");
   check_like(grads.dq, saved.q.shape(), "dq");
@@ -490,8 +501,12 @@ bool flash_bf16_supports_variants(int64_t H, int64_t Hkv, const AttentionOptions
   return forward_path() != Path::kSimdFp32 || flash_supports_variants(H, Hkv, options);
 }
 
-const char* attention_flash_bf16_path() { return path_name(forward_path()); }
-const char* attention_flash_bf16_backward_path() { return path_name(backward_path()); }
+const char* attention_flash_bf16_path() {
+  return path_name(forward_path());
+}
+const char* attention_flash_bf16_backward_path() {
+  return path_name(backward_path());
+}
 
 void attention_flash_bf16_backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
                                    const AttentionGrads& grads, const FlashConfig& config) {
@@ -499,19 +514,26 @@ void attention_flash_bf16_backward(const AttentionSaved& saved, const Tensor& do
   CABM_CHECK(options.dropout >= 0.0f && options.dropout < 1.0f, "dropout {} outside [0, 1)", options.dropout);
   check_attention_variants(options, saved.q.size(2), saved.q.size(1), saved.k.size(1));
   Path path = backward_path();
-  // The vdpbf16ps backward runs GQA but not the score variants: those take the fp32 SIMD tiles.
-  if (path == Path::kAvx512Bf16 &&
-      detail::ScoreVariants(options, saved.q.size(1), saved.k.size(1), saved.q.size(3)).active())
+  // The vdpbf16ps and AMX backwards run GQA but not the score variants: those take the fp32 SIMD tiles.
+  const auto is_packed = [](Path x) {
+    return x == Path::kAvx512Bf16 || x == Path::kAmxBf16 || x == Path::kAmxBf16Emulated;
+  };
+  if (is_packed(path) && detail::ScoreVariants(options, saved.q.size(1), saved.k.size(1), saved.q.size(3)).active())
     path = have_simd_fp32() ? Path::kSimdFp32 : Path::kPortable;
+  const bool packed = is_packed(path);
   const bool simd = path == Path::kSimdFp32;
   CABM_CHECK(!simd || flash_supports_variants(saved.q.size(2), saved.k.size(2), options),
              "attention_flash_bf16_backward on path {}: these variants (GQA, soft-cap, ALiBi) take the reference "
              "kernel (attention_backward)",
              path_name(path));
   if (saved.q.size(0) * saved.q.size(2) == 0) return;
-  if (path == Path::kAvx512Bf16) {
-    detail::attention_flash_bf16_backward_avx512(
-        saved, dout, options, grads, flash_resolved_config(config, options, saved.q.size(3), saved.q.size(1), true));
+  if (packed) {
+    const detail::Bf16Products products = path == Path::kAvx512Bf16 ? detail::Bf16Products::kVdpbf16ps
+                                          : path == Path::kAmxBf16  ? detail::Bf16Products::kAmxTiles
+                                                                    : detail::Bf16Products::kAmxEmulated;
+    detail::attention_flash_bf16_backward_packed(
+        saved, dout, options, grads, flash_resolved_config(config, options, saved.q.size(3), saved.q.size(1), true),
+        products);
   } else if (simd) {
     detail::attention_flash_bf16_backward_simd(saved, dout, options, grads, config);
   } else {

@@ -9,13 +9,14 @@
 // store bf16 activations round it with float_to_bf16.
 //
 // Paths, chosen at run time (attention_flash_bf16_path() names the one that runs):
-//   amx_bf16     CPUs with AMX-BF16 tiles as well (bf16_amx_active()), forward only: both products
+//   amx_bf16     CPUs with AMX-BF16 tiles as well (bf16_amx_active()): the forward's two products
 //                with tdpbf16ps on 16×16 fp32 tiles, the online softmax in AVX-512, every mask kind
-//                and dropout (attention/flash_amx.h). Its backward is avx512_bf16's.
+//                and dropout (attention/flash_amx.h); the backward's five products on the same
+//                tiles (attention/flash_bf16_backward.h; soft-capping and ALiBi as avx512_bf16).
 //                set_bf16_isa_override(kAvx512Bf16) or CABM_NO_AMX=1 selects avx512_bf16 instead.
-//   amx_bf16_emulated  the same kernel on a scalar model of the tiles (attention/amx_tiles.h),
+//   amx_bf16_emulated  the same kernels on a scalar model of the tiles (attention/amx_tiles.h),
 //                taken only while the tests' hook detail::set_amx_emulation is on, on any CPU with
-//                AVX-512 BF16: how the AMX kernel is tested where no AMX exists.
+//                AVX-512 BF16: how the AMX kernels are tested where no AMX exists.
 //   avx512_bf16  CPUs with AVX-512 BF16 (bf16_active_isa() == kAvx512Bf16): both products
 //                with vdpbf16ps on pair-interleaved packed tiles (K: 16 keys × 2 head-dim
 //                elements per zmm; V: 2 keys × 16 columns per zmm; Q and P rows read as 32-bit
@@ -78,8 +79,8 @@ bool flash_bf16_supports_variants(int64_t H, int64_t Hkv, const AttentionOptions
 // The path attention_flash_bf16_forward takes now: "amx_bf16", "amx_bf16_emulated" (tests only),
 // "avx512_bf16", "avx2_fp32" (or "avx512_fp32") or "portable".
 const char* attention_flash_bf16_path();
-// The path attention_flash_bf16_backward takes now (for calls without soft-capping or ALiBi):
-// "avx512_bf16", "avx2_fp32" (or "avx512_fp32") or "portable".
+// The path attention_flash_bf16_backward takes now (for calls without soft-capping or ALiBi): one
+// of the forward's names.
 const char* attention_flash_bf16_backward_path();
 
 }  // namespace cabm

@@ -1,15 +1,17 @@
-// The avx512_bf16 path of attention_flash_bf16_backward: FlashAttention-2's backward (Dao 2023,
-// Algorithm 2) with its five block products on vdpbf16ps, through the two micro-kernels of the
-// forward (attention/bf16_avx512.h):
-//   scores_avx512  A rows · Bᵀ, B packed in 16-key blocks of element pairs:  S = Q·Kᵀ, dP = dO·Vᵀ
-//   pv_avx512      A rows of pairs · B packed in pairs of rows:  dVᵀ += dOᵀ·(P∘z), dKᵀ += Qᵀ·dS,
-//                  dQ += dS·K
-// dV and dK are computed transposed (keys along the lanes) so that the tile operand, P∘z or dS,
-// is packed by interleaving two of its rows, which the pass that computes it has in registers;
-// dO and Q are packed once per query head as pairs of rows, which pv_avx512 reads transposed.
-// The operands are rounded to bf16 at the points the portable path rounds them (dO, P∘z, dS; the
-// inputs are bf16 already), every sum is fp32, so the results equal the portable path's up to the
-// order of fp32 sums (attention/flash_bf16.cpp derives the backward).
+// The fast paths of attention_flash_bf16_backward: FlashAttention-2's backward (Dao 2023,
+// Algorithm 2) with its five block products on one of two product policies, the same body:
+//   Vdpbf16ps  (path avx512_bf16) the micro-kernels of the forward (attention/bf16_avx512.h):
+//              scores_avx512 for S = Q·Kᵀ and dP = dO·Vᵀ (B packed in 16-key blocks of element
+//              pairs), pv_avx512 for dVᵀ += dOᵀ·(P∘z), dKᵀ += Qᵀ·dS (A: Q and dO packed as pairs
+//              of rows, read transposed) and dQ += dS·K;
+//   Amx<Tiles> (paths amx_bf16, amx_bf16_emulated) the same five products as tile_gemm
+//              (attention/amx_tile_gemm.h) on AMX tiles or on their scalar model: the inner
+//              dimension of every product padded to 32, rows to 16, Qᵀ and dOᵀ packed row-major.
+// dV and dK are computed transposed (keys along the columns) so that the operand computed per
+// tile, P∘z or dS, is packed by interleaving two of its rows, which the pass that computes it has
+// in registers. The operands are rounded to bf16 at the points the portable path rounds them (dO,
+// P∘z, dS; the inputs are bf16 already), every sum is fp32, so the results equal the portable
+// path's up to the order of fp32 sums (attention/flash_bf16.cpp derives the backward).
 //
 // One work item is a key/value head (b, hk). Its query heads' Q and dO are packed once; then key
 // tile by key tile (K and V packed for the tile), query head by head, query tile by query tile:
@@ -21,6 +23,7 @@
 #include "cabm/kernels/attention/flash_bf16_backward.h"
 
 #include "cabm/core/error.h"
+#include "cabm/kernels/attention/amx_tile_gemm.h"
 #include "cabm/kernels/attention/bf16_avx512.h"
 #include "cabm/kernels/attention/bf16_packing.h"
 #include "cabm/kernels/attention/tile_mask.h"
@@ -43,16 +46,6 @@ constexpr int64_t kBlock = kPackedKeyBlock;  // 16 keys: one zmm of score lanes
 int64_t round_up(int64_t a, int64_t b) {
   return (a + b - 1) / b * b;
 }
-
-struct Problem {
-  int64_t B, N, H, Hkv, M, d, dv, group;
-  int64_t dp, dvp2;                     // d, dv rounded up to 2: rows of the products' A operands (scores_avx512)
-  int64_t dqp, dvp;                     // d, dv rounded up to 16: columns of dQ, dK, dV (pv_avx512)
-  int64_t block_q, block_k, bq2, bk16;  // tiles; block_q rounded up to 2, block_k to 16
-  int64_t query_tiles;
-  float scale, qscale, keep_scale;
-  bool dropout;
-};
 
 // Rows r (and r + 1) of a bf16 operand, 16 columns each, as 16 pairs (x_r, x_r+1): the layout
 // [rows/2][cols16][2] that pv_avx512 reads as B.
@@ -79,37 +72,113 @@ CABM_AVX512_BF16 void pack_row_pairs(const bf16* src, int64_t stride, int64_t n,
     }
 }
 
-// Per-thread buffers. Per query head u of the group: Q rows [N][dp] and dO rows [N][dvp2] (bf16,
-// the A operands of S and dP), Q and dO per query tile as pairs of rows [tiles][bq2/2][dqp|dvp][2]
-// (bf16, read transposed: the A operands of dKᵀ and dVᵀ), lse2 and D [N], dq [N][dqp]. Per key tile: K and V as 16-key
-// blocks [bk16/16][dp|dvp2 / 2][16][2], K as pairs of keys [bk16/2][dqp][2], the dKᵀ and dVᵀ accumulators [d|dv][bk16].
-// Per tile pair: S and dP [bq][lds], the mask and dropout rows, dS [bq][lds] in bf16 (A of dQ), and P∘z and dS as pairs
-// of query rows [bq2/2][bk16][2] (B of dVᵀ and dKᵀ).
+// The vdpbf16ps products (path avx512_bf16).
+struct Vdpbf16ps {
+  static constexpr int64_t kInner = 2;   // every product's inner dimension is padded to this
+  static constexpr int64_t kRowPad = 1;  // S, dP and dQ are computed for rows in multiples of this
+  static void begin() {}
+  static void end() {}
+  // s[r][c] = Σ_e a[r][e]·B[c][e] for rows r < ni (a's row stride lda, its padded width) and keys
+  // c < nk16, B the 16-key blocks of element pairs (pack_row_blocks).
+  static void scores(const bf16* a, int64_t ni, int64_t lda, const bf16* blocks, int64_t nk16, float* s, int64_t lds) {
+    scores_avx512(a, ni, blocks, 0, nk16, lda, s, lds);
+  }
+  // The A operand of transposed_product from rows [0, ni) of a [ni][cols] operand, zero padded to
+  // ni_in rows and cols16 columns: here pairs of rows, which pv_avx512 reads transposed.
+  static void pack_transposed(const bf16* rows, int64_t stride, int64_t ni, int64_t cols, int64_t ni_in, int64_t cols16,
+                              bf16* out) {
+    pack_row_pairs(rows, stride, ni, cols, ni_in, cols16, out);
+  }
+  // c[e][j] += Σ_i A[i][e]·B[i][j] for e < cols (C's row stride ldc), j < nk16, i < ni_in; at from
+  // pack_transposed (its ni_in: width), B pairs of rows [ni_in/2][nk16][2].
+  static void transposed_product(const bf16* at, int64_t /*width*/, int64_t cols, int64_t cols16, int64_t ni_in,
+                                 const bf16* pairs, int64_t nk16, float* c, int64_t ldc) {
+    pv_avx512(at, 2, cols, pairs, 0, ni_in, nk16, nullptr, c, ldc, 2 * cols16);
+  }
+  // dq[r][e] += Σ_j ds[r][j]·K[j][e] for r < ni, e < dqp, j < nk_in; K as pairs of keys
+  // [.][dqp][2] (pack_row_pairs).
+  static void dq_product(const bf16* ds, int64_t ldds, int64_t ni, const bf16* kpairs, int64_t nk_in, int64_t dqp,
+                         float* dq) {
+    pv_avx512(ds, ldds, ni, kpairs, 0, nk_in, dqp, nullptr, dq, dqp);
+  }
+};
+
+// The same products on AMX tiles or their scalar model (paths amx_bf16, amx_bf16_emulated): a tile
+// product's inner dimension is 32 elements and its rows come 16 at a time, so operands are padded
+// to those (with zeros, or with finite rows whose results are not read), and the transposed
+// products' A operand is Qᵀ or dOᵀ row-major.
+template <class Tiles>
+struct Amx {
+  static constexpr int64_t kInner = 32;
+  static constexpr int64_t kRowPad = 16;
+  static void begin() { Tiles::configure(); }
+  static void end() { Tiles::release(); }
+  static void scores(const bf16* a, int64_t ni, int64_t lda, const bf16* blocks, int64_t nk16, float* s, int64_t lds) {
+    tile_gemm<Tiles>(round_up(ni, 16), nk16, lda, a, lda, {blocks, 32, 16 * lda}, s, lds, false);
+  }
+  static void pack_transposed(const bf16* rows, int64_t stride, int64_t ni, int64_t cols, int64_t ni_in, int64_t cols16,
+                              bf16* out) {
+    std::fill_n(out, cols16 * ni_in, bf16{0});
+    for (int64_t i = 0; i < ni; ++i)
+      for (int64_t e = 0; e < cols; ++e) out[e * ni_in + i] = rows[i * stride + e];
+  }
+  static void transposed_product(const bf16* at, int64_t width, int64_t /*cols*/, int64_t cols16, int64_t ni_in,
+                                 const bf16* pairs, int64_t nk16, float* c, int64_t ldc) {
+    tile_gemm<Tiles>(cols16, nk16, ni_in, at, width, {pairs, 2 * nk16, 32}, c, ldc, true);
+  }
+  static void dq_product(const bf16* ds, int64_t ldds, int64_t ni, const bf16* kpairs, int64_t nk_in, int64_t dqp,
+                         float* dq) {
+    tile_gemm<Tiles>(round_up(ni, 16), dqp, nk_in, ds, ldds, {kpairs, 2 * dqp, 32}, dq, dqp, true);
+  }
+};
+
+struct Problem {
+  int64_t B, N, H, Hkv, M, d, dv, group;
+  int64_t inner, row_pad;    // the products' (kInner, kRowPad)
+  int64_t d_in, dv_in;       // d, dv rounded up to inner: the A rows of S and dP
+  int64_t dqp, dvp;          // d, dv rounded up to 16: columns of dQ, rows of dKᵀ and dVᵀ
+  int64_t rows;              // Q, dO, dQ rows kept per query head: N + row_pad (whole row blocks)
+  int64_t block_q, block_k;  // tiles
+  int64_t bq_rows, bq_in;    // block_q rounded up to row_pad (S, dP, dS rows), to inner (Qᵀ, dOᵀ width)
+  int64_t bk16, bk_in;       // block_k rounded up to 16 (S, dP columns), bk16 to inner (dS row stride)
+  int64_t query_tiles;
+  float scale, qscale, keep_scale;
+  bool dropout;
+};
+
+// Per-thread buffers. Per query head u of the group: Q rows [rows][d_in] and dO rows [rows][dv_in]
+// (bf16, the A operands of S and dP; rows past N stay zero), Q and dO per query tile as the A
+// operand of the transposed products ([tiles][bq_in·dqp|dvp], pack_transposed), lse2 and D [N],
+// dq [rows][dqp]. Per key tile: K and V as 16-key blocks [bk16/16][d_in|dv_in / 2][16][2], K as
+// pairs of keys [bk_in/2][dqp][2], the dKᵀ and dVᵀ accumulators [dqp|dvp][bk16]. Per tile pair: S,
+// dP, the mask and dropout rows [bq_rows][bk16], dS [bq_rows][bk_in] in bf16 (A of dQ), and P∘z and
+// dS as pairs of query rows [bq_in/2][bk16][2] (B of dVᵀ and dKᵀ).
 struct Buffers {
-  std::vector<bf16> q, g, qpairs, gpairs, kblocks, vblocks, kpairs, ds, pz_pairs, ds_pairs;
+  std::vector<bf16> q, g, qt, gt, kblocks, vblocks, kpairs, ds, pz_pairs, ds_pairs;
   std::vector<float> lse2, delta, dq, dkt, dvt, s, dpp, mask, z;
-  int64_t lds;
+  int64_t lds, ldds;
   explicit Buffers(const Problem& p)
-      : q(static_cast<size_t>(p.group * p.N * p.dp)),
-        g(static_cast<size_t>(p.group * p.N * p.dvp2)),
-        qpairs(static_cast<size_t>(p.group * p.query_tiles * p.bq2 * p.dqp)),
-        gpairs(static_cast<size_t>(p.group * p.query_tiles * p.bq2 * p.dvp)),
-        kblocks(static_cast<size_t>(p.bk16 * p.dp)),
-        vblocks(static_cast<size_t>(p.bk16 * p.dvp2)),
-        kpairs(static_cast<size_t>(p.bk16 * p.dqp)),
-        ds(static_cast<size_t>(p.block_q * p.bk16)),
-        pz_pairs(static_cast<size_t>(p.bq2 * p.bk16)),
-        ds_pairs(static_cast<size_t>(p.bq2 * p.bk16)),
+      : q(static_cast<size_t>(p.group * p.rows * p.d_in)),
+        g(static_cast<size_t>(p.group * p.rows * p.dv_in)),
+        qt(static_cast<size_t>(p.group * p.query_tiles * p.bq_in * p.dqp)),
+        gt(static_cast<size_t>(p.group * p.query_tiles * p.bq_in * p.dvp)),
+        kblocks(static_cast<size_t>(p.bk16 * p.d_in)),
+        vblocks(static_cast<size_t>(p.bk16 * p.dv_in)),
+        kpairs(static_cast<size_t>(p.bk_in * p.dqp)),
+        ds(static_cast<size_t>(p.bq_rows * p.bk_in)),
+        pz_pairs(static_cast<size_t>(p.bq_in * p.bk16)),
+        ds_pairs(static_cast<size_t>(p.bq_in * p.bk16)),
         lse2(static_cast<size_t>(p.group * p.N)),
         delta(static_cast<size_t>(p.group * p.N)),
-        dq(static_cast<size_t>(p.group * p.N * p.dqp)),
-        dkt(static_cast<size_t>(p.d * p.bk16)),
-        dvt(static_cast<size_t>(p.dv * p.bk16)),
-        s(static_cast<size_t>(p.block_q * p.bk16)),
-        dpp(static_cast<size_t>(p.block_q * p.bk16)),
-        mask(static_cast<size_t>(p.block_q * p.bk16)),
-        z(static_cast<size_t>(p.block_q * p.bk16)),
-        lds(p.bk16) {}
+        dq(static_cast<size_t>(p.group * p.rows * p.dqp)),
+        dkt(static_cast<size_t>(p.dqp * p.bk16)),
+        dvt(static_cast<size_t>(p.dvp * p.bk16)),
+        s(static_cast<size_t>(p.bq_rows * p.bk16)),
+        dpp(static_cast<size_t>(p.bq_rows * p.bk16)),
+        mask(static_cast<size_t>(p.bq_rows * p.bk16)),
+        z(static_cast<size_t>(p.bq_rows * p.bk16)),
+        lds(p.bk16),
+        ldds(p.bk_in) {}
 };
 
 struct Args {
@@ -123,37 +192,38 @@ struct Args {
 
 // Query head u = h − hk·group of the item: its operands, its rows' lse2 and D (backward_row_terms),
 // and a zero dq.
+template <class Products>
 void begin_query_head(const Args& args, Buffers& buf, int64_t b, int64_t h, int64_t u) {
   const Problem& p = args.p;
   const Tensor& q = args.saved.q;
-  bf16* qrows = buf.q.data() + u * p.N * p.dp;
-  bf16* grows = buf.g.data() + u * p.N * p.dvp2;
+  bf16* qrows = buf.q.data() + u * p.rows * p.d_in;
+  bf16* grows = buf.g.data() + u * p.rows * p.dv_in;
   backward_row_terms(args.saved, args.dout, b, h, buf.delta.data() + u * p.N, buf.lse2.data() + u * p.N);
   for (int64_t i = 0; i < p.N; ++i) {
     const bf16* qi = bf16_head_ptr(q, b, h) + i * q.stride(1);
-    std::copy_n(qi, p.d, qrows + i * p.dp);
-    if (p.dp > p.d) qrows[i * p.dp + p.d] = bf16{0};
-    float_to_bf16(f32_row(args.dout, b, i, h), grows + i * p.dvp2, p.dv);
-    if (p.dvp2 > p.dv) grows[i * p.dvp2 + p.dv] = bf16{0};
+    std::copy_n(qi, p.d, qrows + i * p.d_in);
+    std::fill(qrows + i * p.d_in + p.d, qrows + (i + 1) * p.d_in, bf16{0});
+    float_to_bf16(f32_row(args.dout, b, i, h), grows + i * p.dv_in, p.dv);
+    std::fill(grows + i * p.dv_in + p.dv, grows + (i + 1) * p.dv_in, bf16{0});
   }
-  // Q and dO of each query tile as pairs of rows (read transposed: the A operands of dKᵀ and dVᵀ).
+  // Q and dO of each query tile as the A operands of dKᵀ and dVᵀ.
   for (int64_t t = 0; t < p.query_tiles; ++t) {
     const int64_t i0 = t * p.block_q, ni = std::min(p.block_q, p.N - i0);
-    pack_row_pairs(qrows + i0 * p.dp, p.dp, ni, p.d, p.bq2, p.dqp,
-                   buf.qpairs.data() + (u * p.query_tiles + t) * p.bq2 * p.dqp);
-    pack_row_pairs(grows + i0 * p.dvp2, p.dvp2, ni, p.dv, p.bq2, p.dvp,
-                   buf.gpairs.data() + (u * p.query_tiles + t) * p.bq2 * p.dvp);
+    Products::pack_transposed(qrows + i0 * p.d_in, p.d_in, ni, p.d, p.bq_in, p.dqp,
+                              buf.qt.data() + (u * p.query_tiles + t) * p.bq_in * p.dqp);
+    Products::pack_transposed(grows + i0 * p.dv_in, p.dv_in, ni, p.dv, p.bq_in, p.dvp,
+                              buf.gt.data() + (u * p.query_tiles + t) * p.bq_in * p.dvp);
   }
-  std::fill_n(buf.dq.data() + u * p.N * p.dqp, p.N * p.dqp, 0.0f);
+  std::fill_n(buf.dq.data() + u * p.rows * p.dqp, p.rows * p.dqp, 0.0f);
 }
 
 // From S and dP of a tile (ni rows, nk keys; lanes past nk are padding): P = exp2(min(S·qscale +
 // mask − lse2, 0)) in fp32, dS = bf16(P·(dP·z − D)) into ds rows and ds_pairs, bf16(P·z) into
-// pz_pairs (pairs of rows [ni2/2][nk16][2]). Padding keys, and the odd row of a last row pair, get
-// zeros.
+// pz_pairs (pairs of rows [ni_in/2][nk16][2]). Padding keys (to nk_in in ds), padding rows (to
+// ni_in in the pairs, to the row padding in ds) get zeros: the products read them.
 CABM_AVX512_BF16 void tile_gradients(const Problem& p, Buffers& buf, int64_t ni, int64_t nk, const float* lse2,
                                      const float* delta, bool masked) {
-  const int64_t lds = buf.lds, nk16 = round_up(nk, kBlock);
+  const int64_t lds = buf.lds, ldds = buf.ldds, nk16 = round_up(nk, kBlock), nk_in = round_up(nk, p.inner);
   const __m512 qs = _mm512_set1_ps(p.qscale), zero = _mm512_setzero_ps();
   for (int64_t r0 = 0; r0 < ni; r0 += 2) {
     for (int64_t c = 0; c < nk16; c += 16) {
@@ -178,25 +248,33 @@ CABM_AVX512_BF16 void tile_gradients(const Problem& p, Buffers& buf, int64_t ni,
         const __m512 dt = _mm512_mul_ps(prob, _mm512_sub_ps(dprob, _mm512_set1_ps(delta[r])));
         ds16[h] = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(dt));
         pz16[h] = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(pz));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(buf.ds.data() + r * lds + c), ds16[h]);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(buf.ds.data() + r * ldds + c), ds16[h]);
       }
       store_row_pair(pz16[0], pz16[1], buf.pz_pairs.data() + packed_v_index(r0, c, nk16));
       store_row_pair(ds16[0], ds16[1], buf.ds_pairs.data() + packed_v_index(r0, c, nk16));
     }
   }
+  if (nk_in > nk16)
+    for (int64_t r = 0; r < ni; ++r)
+      std::fill(buf.ds.data() + r * ldds + nk16, buf.ds.data() + r * ldds + nk_in, bf16{0});
+  std::fill(buf.ds.data() + ni * ldds, buf.ds.data() + round_up(ni, p.row_pad) * ldds, bf16{0});
+  const int64_t pairs_end = round_up(ni, p.inner) * nk16;
+  std::fill(buf.pz_pairs.data() + round_up(ni, 2) * nk16, buf.pz_pairs.data() + pairs_end, bf16{0});
+  std::fill(buf.ds_pairs.data() + round_up(ni, 2) * nk16, buf.ds_pairs.data() + pairs_end, bf16{0});
 }
 
+template <class Products>
 void backward_kv_head(const Args& args, Buffers& buf, int64_t b, int64_t hk) {
   const Problem& p = args.p;
-  for (int64_t u = 0; u < p.group; ++u) begin_query_head(args, buf, b, hk * p.group + u, u);
+  for (int64_t u = 0; u < p.group; ++u) begin_query_head<Products>(args, buf, b, hk * p.group + u, u);
   const Tensor &k = args.saved.k, &v = args.saved.v;
   const bf16 *kh = bf16_head_ptr(k, b, hk), *vh = bf16_head_ptr(v, b, hk);
   for (int64_t j0 = 0; j0 < p.M; j0 += p.block_k) {
-    const int64_t nk = std::min(p.block_k, p.M - j0), nk16 = round_up(nk, kBlock), nk2 = round_up(nk, 2);
+    const int64_t nk = std::min(p.block_k, p.M - j0), nk16 = round_up(nk, kBlock), nk_in = round_up(nk, p.inner);
     const Range keys{j0, j0 + nk};
-    pack_row_blocks(kh + j0 * k.stride(1), k.stride(1), nk, p.d, nk16, p.dp, buf.kblocks.data());
-    pack_row_blocks(vh + j0 * v.stride(1), v.stride(1), nk, p.dv, nk16, p.dvp2, buf.vblocks.data());
-    pack_row_pairs(kh + j0 * k.stride(1), k.stride(1), nk, p.d, nk16, p.dqp, buf.kpairs.data());
+    pack_row_blocks(kh + j0 * k.stride(1), k.stride(1), nk, p.d, nk16, p.d_in, buf.kblocks.data());
+    pack_row_blocks(vh + j0 * v.stride(1), v.stride(1), nk, p.dv, nk16, p.dv_in, buf.vblocks.data());
+    pack_row_pairs(kh + j0 * k.stride(1), k.stride(1), nk, p.d, round_up(nk16, p.inner), p.dqp, buf.kpairs.data());
     std::fill(buf.dkt.begin(), buf.dkt.end(), 0.0f);
     std::fill(buf.dvt.begin(), buf.dvt.end(), 0.0f);
     const Range query_range = args.mask.query_range(b, keys);
@@ -204,7 +282,7 @@ void backward_kv_head(const Args& args, Buffers& buf, int64_t b, int64_t hk) {
       const int64_t h = hk * p.group + u;
       const DropoutMatrix dropout(args.options, b, h, p.H, p.M);
       for (int64_t i0 = query_range.begin / p.block_q * p.block_q; i0 < query_range.end; i0 += p.block_q) {
-        const int64_t ni = std::min(p.block_q, p.N - i0), ni2 = round_up(ni, 2), t = i0 / p.block_q;
+        const int64_t ni = std::min(p.block_q, p.N - i0), ni_in = round_up(ni, p.inner), t = i0 / p.block_q;
         const Range rows{i0, i0 + ni};
         const TileKind kind = args.mask.classify(b, h, rows, keys);
         if (kind == TileKind::kSkip) continue;
@@ -212,18 +290,19 @@ void backward_kv_head(const Args& args, Buffers& buf, int64_t b, int64_t hk) {
         if (p.dropout)
           for (int64_t r = 0; r < ni; ++r)
             dropout.fill_row(i0 + r, j0, j0 + nk, p.keep_scale, buf.z.data() + r * buf.lds, 1);
-        const bf16* qrows = buf.q.data() + (u * p.N + i0) * p.dp;
-        const bf16* grows = buf.g.data() + (u * p.N + i0) * p.dvp2;
-        scores_avx512(qrows, ni, buf.kblocks.data(), 0, nk16, p.dp, buf.s.data(), buf.lds);
-        scores_avx512(grows, ni, buf.vblocks.data(), 0, nk16, p.dvp2, buf.dpp.data(), buf.lds);
+        const bf16* qrows = buf.q.data() + (u * p.rows + i0) * p.d_in;
+        const bf16* grows = buf.g.data() + (u * p.rows + i0) * p.dv_in;
+        Products::scores(qrows, ni, p.d_in, buf.kblocks.data(), nk16, buf.s.data(), buf.lds);
+        Products::scores(grows, ni, p.dv_in, buf.vblocks.data(), nk16, buf.dpp.data(), buf.lds);
         tile_gradients(p, buf, ni, nk, buf.lse2.data() + u * p.N + i0, buf.delta.data() + u * p.N + i0,
                        kind == TileKind::kPartial);
-        const bf16* gpairs = buf.gpairs.data() + (u * p.query_tiles + t) * p.bq2 * p.dvp;
-        const bf16* qpairs = buf.qpairs.data() + (u * p.query_tiles + t) * p.bq2 * p.dqp;
-        pv_avx512(gpairs, 2, p.dv, buf.pz_pairs.data(), 0, ni2, nk16, nullptr, buf.dvt.data(), p.bk16, 2 * p.dvp);
-        pv_avx512(qpairs, 2, p.d, buf.ds_pairs.data(), 0, ni2, nk16, nullptr, buf.dkt.data(), p.bk16, 2 * p.dqp);
-        pv_avx512(buf.ds.data(), buf.lds, ni, buf.kpairs.data(), 0, nk2, p.dqp, nullptr,
-                  buf.dq.data() + (u * p.N + i0) * p.dqp, p.dqp);
+        const bf16* gt = buf.gt.data() + (u * p.query_tiles + t) * p.bq_in * p.dvp;
+        const bf16* qt = buf.qt.data() + (u * p.query_tiles + t) * p.bq_in * p.dqp;
+        Products::transposed_product(gt, p.bq_in, p.dv, p.dvp, ni_in, buf.pz_pairs.data(), nk16, buf.dvt.data(),
+                                     p.bk16);
+        Products::transposed_product(qt, p.bq_in, p.d, p.dqp, ni_in, buf.ds_pairs.data(), nk16, buf.dkt.data(), p.bk16);
+        Products::dq_product(buf.ds.data(), buf.ldds, ni, buf.kpairs.data(), nk_in, p.dqp,
+                             buf.dq.data() + (u * p.rows + i0) * p.dqp);
       }
     }
     for (int64_t j = 0; j < nk; ++j) {
@@ -236,22 +315,23 @@ void backward_kv_head(const Args& args, Buffers& buf, int64_t b, int64_t hk) {
   for (int64_t u = 0; u < p.group; ++u)
     for (int64_t i = 0; i < p.N; ++i) {
       float* dqrow = f32_row(args.grads.dq, b, i, hk * p.group + u);
-      for (int64_t e = 0; e < p.d; ++e) dqrow[e] = buf.dq[(u * p.N + i) * p.dqp + e] * p.scale;
+      for (int64_t e = 0; e < p.d; ++e) dqrow[e] = buf.dq[(u * p.rows + i) * p.dqp + e] * p.scale;
     }
 }
 
-}  // namespace
-
-void attention_flash_bf16_backward_avx512(const AttentionSaved& saved, const Tensor& dout,
-                                          const AttentionOptions& options, const AttentionGrads& grads,
-                                          const FlashConfig& tiles) {
+template <class Products>
+void run(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options, const AttentionGrads& grads,
+         const FlashConfig& tiles) {
   Problem p{};
   p.B = saved.q.size(0), p.N = saved.q.size(1), p.H = saved.q.size(2), p.Hkv = saved.k.size(2);
   p.M = saved.k.size(1), p.d = saved.q.size(3), p.dv = saved.v.size(3), p.group = p.H / p.Hkv;
-  p.dp = round_up(std::max<int64_t>(p.d, 1), 2), p.dvp2 = round_up(std::max<int64_t>(p.dv, 1), 2);
+  p.inner = Products::kInner, p.row_pad = Products::kRowPad;
+  p.d_in = round_up(std::max<int64_t>(p.d, 1), p.inner), p.dv_in = round_up(std::max<int64_t>(p.dv, 1), p.inner);
   p.dqp = round_up(std::max<int64_t>(p.d, 1), 16), p.dvp = round_up(std::max<int64_t>(p.dv, 1), 16);
+  p.rows = p.N + p.row_pad;
   p.block_q = tiles.block_q, p.block_k = tiles.block_k;
-  p.bq2 = round_up(p.block_q, 2), p.bk16 = round_up(p.block_k, kBlock);
+  p.bq_rows = round_up(p.block_q, p.row_pad), p.bq_in = round_up(p.block_q, p.inner);
+  p.bk16 = round_up(p.block_k, kBlock), p.bk_in = round_up(p.bk16, p.inner);
   p.query_tiles = (p.N + p.block_q - 1) / p.block_q;
   p.scale = attention_scale(options, p.d);
   p.qscale = p.scale * kLog2e;
@@ -262,16 +342,34 @@ void attention_flash_bf16_backward_avx512(const AttentionSaved& saved, const Ten
 #pragma omp parallel
   {
     Buffers buf(p);
+    Products::begin();  // per thread: the tile configuration
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < p.B * p.Hkv; ++item) backward_kv_head(args, buf, item / p.Hkv, item % p.Hkv);
+    for (int64_t item = 0; item < p.B * p.Hkv; ++item)
+      backward_kv_head<Products>(args, buf, item / p.Hkv, item % p.Hkv);
+    Products::end();
+  }
+}
+
+}  // namespace
+
+void attention_flash_bf16_backward_packed(const AttentionSaved& saved, const Tensor& dout,
+                                          const AttentionOptions& options, const AttentionGrads& grads,
+                                          const FlashConfig& tiles, Bf16Products products) {
+  switch (products) {
+    case Bf16Products::kVdpbf16ps:
+      return run<Vdpbf16ps>(saved, dout, options, grads, tiles);
+    case Bf16Products::kAmxTiles:
+      return run<Amx<HardwareTiles>>(saved, dout, options, grads, tiles);
+    case Bf16Products::kAmxEmulated:
+      return run<Amx<EmulatedTiles>>(saved, dout, options, grads, tiles);
   }
 }
 
 #else
 
-void attention_flash_bf16_backward_avx512(const AttentionSaved&, const Tensor&, const AttentionOptions&,
-                                          const AttentionGrads&, const FlashConfig&) {
-  throw Error("attention_flash_bf16_backward: the avx512_bf16 path exists on x86-64 only");
+void attention_flash_bf16_backward_packed(const AttentionSaved&, const Tensor&, const AttentionOptions&,
+                                          const AttentionGrads&, const FlashConfig&, Bf16Products) {
+  throw Error("attention_flash_bf16_backward: the avx512_bf16 and amx_bf16 paths exist on x86-64 only");
 }
 
 #endif

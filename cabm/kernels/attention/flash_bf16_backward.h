@@ -1,7 +1,7 @@
-// Internal to kernels/: the avx512_bf16 path of attention_flash_bf16_backward
-// (attention/flash_bf16_backward.cpp), run where bf16_active_isa() is kAvx512Bf16 (AMX CPUs
-// included: it has no AMX variant) for calls without score variants (soft-cap, ALiBi); GQA is
-// run here.
+// Internal to kernels/: the fast paths of attention_flash_bf16_backward
+// (attention/flash_bf16_backward.cpp): avx512_bf16 where bf16_active_isa() is kAvx512Bf16 without
+// AMX, amx_bf16 where AMX tiles are usable as well, amx_bf16_emulated (the AMX body on the scalar
+// tile model, a test hook); for calls without score variants (soft-cap, ALiBi). GQA is run here.
 #pragma once
 
 #include "cabm/kernels/attention/bf16_packing.h"
@@ -11,11 +11,16 @@
 
 namespace cabm::detail {
 
+// What computes the block products: vdpbf16ps (path avx512_bf16), AMX tiles (amx_bf16, only
+// where bf16_amx_active()) or the scalar model of the tiles (amx_bf16_emulated, any CPU with
+// AVX512_BF16).
+enum class Bf16Products { kVdpbf16ps, kAmxTiles, kAmxEmulated };
+
 // As attention_flash_bf16_backward, with the tiles resolved by the caller; shapes, the lse and
 // the options are checked by the caller.
-void attention_flash_bf16_backward_avx512(const AttentionSaved& saved, const Tensor& dout,
+void attention_flash_bf16_backward_packed(const AttentionSaved& saved, const Tensor& dout,
                                           const AttentionOptions& options, const AttentionGrads& grads,
-                                          const FlashConfig& tiles);
+                                          const FlashConfig& tiles, Bf16Products products);
 
 // The per-row terms of the backward for the query rows of head (b, h), shared by both bf16
 // backward paths: D_i = dO_i · O_i in fp32 (on dO before it is rounded) into delta, and
