@@ -430,10 +430,9 @@ void check_backward(const Case& c) {
   expect_within(r.grads.dv, ref.grads.dv, tol_dv, "dv");
 }
 
-// On the portable backward (this file's), on the automatic backward path (the fp32 SIMD tiles of
-// attention/flash.cpp on most CPUs) where flash_bf16_supports_variants says it runs them, and,
-// for calls without soft-capping or ALiBi (GQA), on the vdpbf16ps and emulated AMX backwards
-// where the CPU has AVX-512 BF16.
+// On the portable backward (attention/flash_bf16_portable_backward.cpp), on the automatic backward path (the fp32 SIMD
+// tiles of attention/flash.cpp on most CPUs) where flash_bf16_supports_variants says it runs them, and, for calls
+// without soft-capping or ALiBi (GQA), on the vdpbf16ps and emulated AMX backwards where the CPU has AVX-512 BF16.
 void check_backward_paths(const Case& c) {
   struct Setting {
     Bf16Isa isa;

@@ -1,6 +1,7 @@
 // The score variants of attention/reference.h (soft-capping, ALiBi) for the tiled bf16 forwards
 // (internal to cabm/kernels/: included by attention/flash_bf16.cpp and attention/flash_amx.cpp; the
-// portable backward there computes the same scores element by element, with the cap's derivative).
+// portable backward, attention/flash_bf16_portable_backward.cpp, computes the same scores element
+// by element, with the cap's derivative).
 //
 // A tile's products leave raw dot products q·k in s. Without variants the row pass scales them
 // to base 2 itself (s·scale·log2 e + mask). With variants a pass over the tile first makes each

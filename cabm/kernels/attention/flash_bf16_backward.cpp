@@ -11,7 +11,7 @@
 // tile, P∘z or dS, is packed by interleaving two of its rows, which the pass that computes it has
 // in registers. The operands are rounded to bf16 at the points the portable path rounds them (dO,
 // P∘z, dS; the inputs are bf16 already), every sum is fp32, so the results equal the portable
-// path's up to the order of fp32 sums (attention/flash_bf16.cpp derives the backward).
+// path's up to the order of fp32 sums (attention/flash_bf16_portable_backward.cpp derives it).
 //
 // One work item is a key/value head (b, hk). Its query heads' Q and dO are packed once; then key
 // tile by key tile (K and V packed for the tile), query head by head, query tile by query tile:

@@ -1,4 +1,5 @@
-// Internal to kernels/: the fast paths of attention_flash_bf16_backward
+// Internal to kernels/: the paths of attention_flash_bf16_backward that attention/flash_bf16.cpp
+// dispatches to (other than the fp32 SIMD tiles'). The packed ones
 // (attention/flash_bf16_backward.cpp): avx512_bf16 where bf16_active_isa() is kAvx512Bf16 without
 // AMX, amx_bf16 where AMX tiles are usable as well, amx_bf16_emulated (the AMX body on the scalar
 // tile model, a test hook); for calls without score variants (soft-cap, ALiBi). GQA is run here.
@@ -22,7 +23,13 @@ void attention_flash_bf16_backward_packed(const AttentionSaved& saved, const Ten
                                           const AttentionOptions& options, const AttentionGrads& grads,
                                           const FlashConfig& tiles, Bf16Products products);
 
-// The per-row terms of the backward for the query rows of head (b, h), shared by both bf16
+// The portable path (attention/flash_bf16_portable_backward.cpp): scalar fp32, every variant;
+// config as the caller received it (the tiles are resolved here).
+void attention_flash_bf16_backward_portable(const AttentionSaved& saved, const Tensor& dout,
+                                            const AttentionOptions& options, const AttentionGrads& grads,
+                                            const FlashConfig& config);
+
+// The per-row terms of the backward for the query rows of head (b, h), shared by the bf16
 // backward paths: D_i = dO_i · O_i in fp32 (on dO before it is rounded) into delta, and
 // lse2_i = lse_i · log2(e) into lse2, +inf on fully masked rows (lse −inf) so that
 // P = exp2(S·qscale − lse2) is 0 there.
