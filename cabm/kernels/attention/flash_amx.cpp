@@ -251,18 +251,8 @@ CABM_AMX void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int6
     const Range keys{j0, j0 + nk};
     const TileKind kind = args.mask.classify(b, h, rows, keys);
     if (kind == TileKind::kSkip) continue;
-    const float* mask = nullptr;
-    if (kind == TileKind::kPartial || nk < nk16) {
-      // Blocked and padding columns get −inf; the additive bias is scaled to base 2 like the scores.
-      float* mt = buf.mask.data();
-      if (kind == TileKind::kPartial) {
-        args.mask.fill(b, h, rows, keys, kLog2e, mt, lds, 1);
-      } else {
-        for (int64_t r = 0; r < ni; ++r) std::fill_n(mt + r * lds, nk, 0.0f);
-      }
-      for (int64_t r = 0; r < ni; ++r) std::fill(mt + r * lds + nk, mt + r * lds + nk16, -INFINITY);
-      mask = mt;
-    }
+    // Blocked and padding keys get −inf; the additive bias is scaled to base 2 like the scores.
+    const float* mask = padded_key_mask(args.mask, kind, b, h, rows, keys, nk16, kLog2e, buf.mask.data(), lds);
 
     // S = Q·Kᵀ: K in 16-key blocks of head-dim pairs, one block after another.
     tile_gemm<Tiles>(16 * nrt, nk16, p.dp, buf.q.data(), p.dp, {kp + j0 * p.dp, 32, 16 * p.dp}, s, lds, false);

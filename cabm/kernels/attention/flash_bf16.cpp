@@ -176,18 +176,8 @@ void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int64_t h, in
     const Range keys{j0, j0 + nk};
     const TileKind kind = args.mask.classify(b, h, rows, keys);
     if (kind == TileKind::kSkip) continue;
-    const float* mask = nullptr;
-    if (kind == TileKind::kPartial || nk < nk16) {
-      // Blocked and padding columns get −inf; the additive bias is scaled to base 2 like the scores.
-      float* mt = buf.mask.data();
-      if (kind == TileKind::kPartial) {
-        args.mask.fill(b, h, rows, keys, kLog2e, mt, buf.lds, 1);
-      } else {
-        for (int64_t r = 0; r < ni; ++r) std::fill_n(mt + r * buf.lds, nk, 0.0f);
-      }
-      for (int64_t r = 0; r < ni; ++r) std::fill(mt + r * buf.lds + nk, mt + r * buf.lds + nk16, -INFINITY);
-      mask = mt;
-    }
+    // Blocked and padding keys get −inf; the additive bias is scaled to base 2 like the scores.
+    const float* mask = padded_key_mask(args.mask, kind, b, h, rows, keys, nk16, kLog2e, buf.mask.data(), buf.lds);
 
     // S = Q Kᵀ (fp32 accumulation), the variants (soft-cap, ALiBi), then per row: base-2 scaling
     // and mask, running maximum, P = exp2(S − m) in fp32, l = alpha·l + Σ P in fp32. Dropout

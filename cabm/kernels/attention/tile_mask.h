@@ -62,14 +62,18 @@ class TileMask {
     int64_t first = 0, last = N_;  // first row with hi > j0
     while (first < last) {
       const int64_t mid = (first + last) / 2;
-      if (hi(b, mid) > keys.begin) last = mid;
-      else first = mid + 1;
+      if (hi(b, mid) > keys.begin)
+        last = mid;
+      else
+        first = mid + 1;
     }
     int64_t lo_row = first, end = N_;  // first row with lo >= j1
     while (lo_row < end) {
       const int64_t mid = (lo_row + end) / 2;
-      if (lo(mid) >= keys.end) end = mid;
-      else lo_row = mid + 1;
+      if (lo(mid) >= keys.end)
+        end = mid;
+      else
+        lo_row = mid + 1;
     }
     return {first, std::max(first, end)};
   }
@@ -155,6 +159,22 @@ class TileMask {
   std::vector<Tensor> allowed_;  // BOOL [B, H, N, M] views
   std::vector<Tensor> biases_;   // F32 [B, H, N, M] views
 };
+
+// The additive mask of a bf16 forward's tile (rows queries, lanes keys in 16-key blocks; rows
+// `ld` floats apart), the bias scaled by bias_scale, with the padding keys [nk, nk16) of a short
+// last tile blocked (−inf), written to `tile`; null where the tile needs none (full, no padding).
+inline const float* padded_key_mask(const TileMask& mask, TileKind kind, int64_t b, int64_t h, Range rows, Range keys,
+                                    int64_t nk16, float bias_scale, float* tile, int64_t ld) {
+  const int64_t ni = rows.end - rows.begin, nk = keys.end - keys.begin;
+  if (kind != TileKind::kPartial && nk == nk16) return nullptr;
+  if (kind == TileKind::kPartial) {
+    mask.fill(b, h, rows, keys, bias_scale, tile, ld, 1);
+  } else {
+    for (int64_t r = 0; r < ni; ++r) std::fill_n(tile + r * ld, nk, 0.0f);
+  }
+  for (int64_t r = 0; r < ni; ++r) std::fill(tile + r * ld + nk, tile + r * ld + nk16, -INFINITY);
+  return tile;
+}
 
 // The forward's work items: one query tile of one head each, for heads [first_head, end_head) in
 // b·H + h order, handed out dynamically. Items go head by head, and within a head heaviest first
