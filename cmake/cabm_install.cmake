@@ -10,7 +10,7 @@ set(CABM_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/cabm)
 set(CABM_INTERNAL_HEADERS simd.h x86_intrinsics.h simd_set_*.h *_body.h *_item.h tile_product.h
                           score_epilogue.h score_variants.h bf16_avx512.h bf16_variants.h
                           bf16_packing.h flash_detail.h tile_mask.h hf_tokenizer_impl.h
-                          hf_tokenizer_files.h amx_tiles.h amx_tile_gemm.h flash_bf16_backward.h)
+                          hf_tokenizer_files.h amx_tiles.h amx_tile_gemm.h flash_amx.h flash_bf16_backward.h)
 
 install(TARGETS cabm_lib EXPORT cabmTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}

@@ -5,15 +5,12 @@
 #include "cabm/kernels/attention/bf16_avx512.h"
 #include "cabm/kernels/attention/bf16_packing.h"
 #include "cabm/kernels/attention/bf16_variants.h"
-#include "cabm/kernels/attention/tile_mask.h"
 #include "cabm/kernels/bf16.h"
 
 #include <algorithm>
 #include <atomic>
-#include <cfloat>
 #include <cmath>
 #include <cstring>
-#include <vector>
 
 #if defined(__x86_64__)
 #include "cabm/kernels/x86_intrinsics.h"
@@ -38,66 +35,10 @@ bool amx_emulation() {
 
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr int64_t kRows = 32;  // query rows per work item: two A tiles
-
-int64_t round_up(int64_t a, int64_t b) {
-  return (a + b - 1) / b * b;
-}
-
 #pragma GCC diagnostic push
 #ifndef __clang__  // a GCC-only warning group; clang warns about the unknown name
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-
-// Sizes of one call. Packed, zero padded, per head:
-//   K [Mp/16][dp/2][16][2]  16 keys, then pairs of head-dim elements (the B tile of S for 16 keys
-//                           and 32 head-dim elements is 1 KiB, rows 64 bytes apart);
-//   V [Mp/2][dvp][2]        pairs of keys, column (the B tile of O for 32 keys and 16 columns has
-//                           its rows 4·dvp bytes apart).
-// dp = d rounded up to 32 (an A tile's width), dvp = dv rounded up to 16 (a C tile's), and
-// Mp = M rounded up to 16, plus 16: a block of 16·n keys reads P·V 32 keys at a time, so up to
-// 16 keys past its end, where P is 0 and V is zero padding or the next block's (finite) values.
-struct Problem {
-  int64_t B, N, H, Hkv, M, d, dv;  // query head h reads key/value head h / (H / Hkv)
-  int64_t dp, dvp, Mp;
-  int64_t block_k;  // a multiple of 16
-  int64_t lds;      // row stride of s, mask (floats) and p (bf16): block_k rounded up to 32
-  float qscale;     // scale · log2(e): scores in base 2
-  float keep_scale;
-  bool dropout;
-  bool variants;  // soft-capping or ALiBi: a pass over each score tile (attention/bf16_variants.h)
-};
-
-// Per-thread buffers; rows kRows. Rows past a short item's end hold stale, finite values: the
-// tiles compute them and nothing reads the results.
-struct Buffers {
-  std::vector<bf16> q, p;            // [kRows][dp], [kRows][lds]
-  std::vector<float> s, mask, z, o;  // [kRows][lds] (z: [2][lds]), [kRows][dvp]
-  std::vector<float> m, l, alpha;    // [kRows]
-  std::vector<int64_t> kpos;         // [lds]: the tile's key positions (ALiBi)
-  explicit Buffers(const Problem& pr)
-      : q(static_cast<size_t>(kRows * pr.dp), bf16{0}),
-        p(static_cast<size_t>(kRows * pr.lds), bf16{0}),
-        s(static_cast<size_t>(kRows * pr.lds), 0.0f),
-        mask(static_cast<size_t>(kRows * pr.lds), 0.0f),
-        z(static_cast<size_t>(2 * pr.lds), 0.0f),
-        o(static_cast<size_t>(kRows * pr.dvp), 0.0f),
-        m(kRows),
-        l(kRows),
-        alpha(kRows),
-        kpos(pr.variants ? static_cast<size_t>(pr.lds) : 0) {}
-};
-
-struct Args {
-  const Tensor &q, &out;
-  const bf16 *kp, *vp;  // packed key/value heads, [B·Hkv][Mp·dp] and [B·Hkv][Mp·dvp]
-  float* lse;
-  const AttentionOptions& options;
-  const TileMask& mask;
-  const ScoreVariants& variants;
-  const Problem& p;
-};
 
 // 2^x for x <= 0: detail::exp2_nonpositive of attention/bf16_avx512.h (the avx512_bf16 path's,
 // bit for bit; its target features are a subset of CABM_AMX's, so it inlines here).
@@ -223,135 +164,56 @@ CABM_AMX void scale_row(float* o, int64_t n, float a) {
   for (int64_t c = 0; c < n; c += 16) _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), av));
 }
 
-// Rows [32·qt, 32·qt + 32) of head (b, h); the loop over key blocks is attention/flash_bf16.cpp's.
+// One key tile (attention/flash_amx.h): S = Q·Kᵀ on tiles, the variant pass, the row pass two rows
+// at a time while a tile fits in registers, O = α ∘ O, then O += P·V on tiles.
 template <class Tiles>
-CABM_AMX void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int64_t h, int64_t qt) {
-  const Problem& p = args.p;
-  const int64_t i0 = qt * kRows, ni = std::min(kRows, p.N - i0);
-  const int nrt = ni > 16 ? 2 : 1;
-  const Range rows{i0, i0 + ni};
-  const int64_t kv_head = b * p.Hkv + h / (p.H / p.Hkv);
-  const bf16* kp = args.kp + kv_head * p.Mp * p.dp;
-  const bf16* vp = args.vp + kv_head * p.Mp * p.dvp;
-  const int64_t lds = p.lds;
-  const float qscale = p.variants ? 1.0f : p.qscale;  // the variant pass scales to base 2 itself
-
-  const bf16* qs = bf16_head_ptr(args.q, b, h);
-  for (int64_t r = 0; r < ni; ++r) std::copy_n(qs + (i0 + r) * args.q.stride(1), p.d, buf.q.data() + r * p.dp);
-  // −FLT_MAX, not −inf: exp2(s − m) stays free of inf − inf while a row has seen only masked keys.
-  std::fill_n(buf.m.data(), ni, -FLT_MAX);
-  std::fill_n(buf.l.data(), ni, 0.0f);
-  std::fill_n(buf.o.data(), nrt * 16 * p.dvp, 0.0f);
-  const DropoutMatrix dropout(args.options, b, h, p.H, p.M);
-  float *s = buf.s.data(), *o = buf.o.data();
-
-  const Range key_range = args.mask.key_range(b, rows);
-  for (int64_t j0 = key_range.begin / p.block_k * p.block_k; j0 < key_range.end; j0 += p.block_k) {
-    const int64_t nk = std::min(p.block_k, p.M - j0), nk16 = round_up(nk, 16), nk32 = round_up(nk, 32);
-    const Range keys{j0, j0 + nk};
-    const TileKind kind = args.mask.classify(b, h, rows, keys);
-    if (kind == TileKind::kSkip) continue;
-    // Blocked and padding keys get −inf; the additive bias is scaled to base 2 like the scores.
-    const float* mask = padded_key_mask(args.mask, kind, b, h, rows, keys, nk16, kLog2e, buf.mask.data(), lds);
-
-    // S = Q·Kᵀ: K in 16-key blocks of head-dim pairs, one block after another.
-    tile_gemm<Tiles>(16 * nrt, nk16, p.dp, buf.q.data(), p.dp, {kp + j0 * p.dp, 32, 16 * p.dp}, s, lds, false);
-    if (p.variants) {
-      args.variants.key_positions(j0, nk16, buf.kpos.data());
-      variant_scores_avx512(args.variants, h, i0, ni, buf.kpos.data(), nk16, s, lds);
-    }
-    // Row pass, two rows at a time while a block fits in registers; then O = α ∘ O.
-    const int rows_at_once = nk16 <= 128 ? 2 : 1;
-    for (int64_t r = 0; r < ni; r += rows_at_once) {
-      const int64_t nr = std::min<int64_t>(rows_at_once, ni - r);
-      const float* z = nullptr;
-      if (p.dropout) {
-        for (int64_t u = 0; u < nr; ++u) {
-          float* zr = buf.z.data() + u * lds;
-          dropout.fill_row(i0 + r + u, j0, j0 + nk, p.keep_scale, zr, 1);
-          std::fill(zr + nk, zr + nk16, 0.0f);
-        }
-        z = buf.z.data();
-      }
-      const float* mrow = mask ? mask + r * lds : nullptr;
-      if (nr == 2)
-        softmax_two_rows(s + r * lds, mrow, z, lds, nk16, nk32, qscale, buf.p.data() + r * lds, &buf.m[r], &buf.l[r],
-                         &buf.alpha[r]);
-      else
-        softmax_row_any(s + r * lds, mrow, z, nk16, nk32, qscale, buf.p.data() + r * lds, buf.m[r], buf.l[r],
-                        buf.alpha[r]);
-      for (int64_t u = r; u < r + nr; ++u)
-        if (buf.alpha[u] != 1.0f) scale_row(o + u * p.dvp, p.dvp, buf.alpha[u]);
-    }
-    // O += P·V over 32 keys at a time: V as pairs of keys [Mp/2][dvp][2].
-    tile_gemm<Tiles>(16 * nrt, p.dvp, nk32, buf.p.data(), lds, {vp + j0 * p.dvp, 2 * p.dvp, 32}, o, p.dvp, true);
+CABM_AMX void forward_tile(const AmxForwardTile& t) {
+  const int64_t rows16 = (t.ni + 15) / 16 * 16, nk16 = (t.nk + 15) / 16 * 16, nk32 = (t.nk + 31) / 32 * 32;
+  // S = Q·Kᵀ: K in 16-key blocks of head-dim pairs, one block after another.
+  tile_gemm<Tiles>(rows16, nk16, t.dp, t.q, t.dp, {t.k, 32, 16 * t.dp}, t.s, t.lds, false);
+  if (t.variants) variant_scores_avx512(*t.variants, t.h, t.i0, t.ni, t.kpos, nk16, t.s, t.lds);
+  const int rows_at_once = nk16 <= 128 ? 2 : 1;
+  for (int64_t r = 0; r < t.ni; r += rows_at_once) {
+    const int64_t nr = std::min<int64_t>(rows_at_once, t.ni - r);
+    const float* mrow = t.mask ? t.mask + r * t.lds : nullptr;
+    const float* z = t.z ? t.z + r * t.lds : nullptr;
+    if (nr == 2)
+      softmax_two_rows(t.s + r * t.lds, mrow, z, t.lds, nk16, nk32, t.qscale, t.p + r * t.lds, t.m + r, t.l + r,
+                       t.alpha + r);
+    else
+      softmax_row_any(t.s + r * t.lds, mrow, z, nk16, nk32, t.qscale, t.p + r * t.lds, t.m[r], t.l[r], t.alpha[r]);
+    for (int64_t u = r; u < r + nr; ++u)
+      if (t.alpha[u] != 1.0f) scale_row(t.o + u * t.dvp, t.dvp, t.alpha[u]);
   }
-
-  // One division per row; fully masked rows (l = 0) give 0 and lse = −inf.
-  detail::write_tile_output(args.out, b, h, i0, ni, p.dv, {o, p.dvp, buf.l.data(), buf.m.data()},
-                            args.lse ? args.lse + (b * p.H + h) * p.N + i0 : nullptr);
-}
-
-// One thread's share: its tile configuration is per thread (loaded here, released at the end).
-template <class Tiles>
-CABM_AMX void run_items(const Args& args, const std::vector<QueryTileItem>& items) {
-  Buffers buf(args.p);
-  Tiles::configure();
-#pragma omp for schedule(dynamic, 1)
-  for (size_t n = 0; n < items.size(); ++n) forward_query_tile<Tiles>(args, buf, items[n].b, items[n].h, items[n].qt);
-  Tiles::release();
+  // O += P·V over 32 keys at a time: V as pairs of keys [.][dvp][2].
+  tile_gemm<Tiles>(rows16, t.dvp, nk32, t.p, t.lds, {t.v, 2 * t.dvp, 32}, t.o, t.dvp, true);
 }
 
 #pragma GCC diagnostic pop
 
 }  // namespace
 
-void attention_flash_bf16_forward_amx(const Tensor& q, const Tensor& k, const Tensor& v,
-                                      const AttentionOptions& options, const Tensor& out, const Tensor* lse,
-                                      const FlashConfig& tiles, AmxTiles run_on) {
-  Problem p{};
-  p.B = q.size(0), p.N = q.size(1), p.H = q.size(2), p.Hkv = k.size(2), p.M = k.size(1);
-  p.d = q.size(3), p.dv = v.size(3);
-  p.dp = round_up(std::max<int64_t>(p.d, 1), 32), p.dvp = round_up(std::max<int64_t>(p.dv, 1), 16);
-  p.Mp = round_up(p.M, 16) + 16;
-  CABM_CHECK(tiles.block_k > 0 && tiles.block_k % 16 == 0, "AMX forward needs block_k a multiple of 16, got {}",
-             tiles.block_k);
-  p.block_k = tiles.block_k;
-  p.lds = round_up(p.block_k, 32);
-  p.qscale = attention_scale(options, p.d) * kLog2e;
-  p.keep_scale = 1.0f / (1.0f - options.dropout);
-  p.dropout = options.dropout > 0.0f;
-  const ScoreVariants variants(options, p.N, p.M, p.d);
-  p.variants = variants.active();
-  const TileMask mask(options.mask, p.B, p.H, p.N, p.M);
+void amx_forward_tile(const AmxForwardTile& tile, AmxTiles run_on) {
+  if (run_on == AmxTiles::kEmulated)
+    forward_tile<EmulatedTiles>(tile);
+  else
+    forward_tile<HardwareTiles>(tile);
+}
 
-  // Once per key/value head: the query heads of a group read the same packed K and V.
-  const PackedKV packed = packed_kv_storage(p.B * p.Hkv * p.Mp * p.dp, p.B * p.Hkv * p.Mp * p.dvp);
-  bf16 *const kp = packed.k, *const vp = packed.v;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < p.B; ++b)
-    for (int64_t h = 0; h < p.Hkv; ++h)
-      pack_kv_head(k, v, b, h, p.Mp, p.dp, p.dvp, kp + (b * p.Hkv + h) * p.Mp * p.dp,
-                   vp + (b * p.Hkv + h) * p.Mp * p.dvp);
-  const Args args{q, out, kp, vp, lse ? lse->data<float>() : nullptr, options, mask, variants, p};
-
-  // Head by head, heaviest first within a head (see forward_work_items).
-  const std::vector<QueryTileItem> items = forward_work_items(mask, p.H, p.N, kRows, 0, p.B * p.H);
-  if (run_on == AmxTiles::kEmulated) {
-#pragma omp parallel
-    run_items<EmulatedTiles>(args, items);
-  } else {
-#pragma omp parallel
-    run_items<HardwareTiles>(args, items);
-  }
+void amx_tiles_begin(AmxTiles run_on) {
+  if (run_on == AmxTiles::kHardware) HardwareTiles::configure();
+}
+void amx_tiles_end(AmxTiles run_on) {
+  if (run_on == AmxTiles::kHardware) HardwareTiles::release();
 }
 
 #else
 
-void attention_flash_bf16_forward_amx(const Tensor&, const Tensor&, const Tensor&, const AttentionOptions&,
-                                      const Tensor&, const Tensor*, const FlashConfig&, AmxTiles) {
+void amx_forward_tile(const AmxForwardTile&, AmxTiles) {
   CABM_CHECK(false, "the AMX attention forward is only built for x86-64");
 }
+void amx_tiles_begin(AmxTiles) {}
+void amx_tiles_end(AmxTiles) {}
 
 #endif
 

@@ -34,16 +34,27 @@ int64_t round_up(int64_t a, int64_t b) {
 //   K  [Mp/16][dp/2][16][2]: block of 16 keys, then pairs of head-dim elements, key, element.
 //   V  [Mp/2][dvp][2]: pair of keys, column, key.
 //   Q  tile [bq][dp], P tile [bq][ldp]: rows of pairs, read as 32-bit words and broadcast.
-// Mp = M rounded up to 16, dp = d rounded up to 2, dvp = dv rounded up to 16.
+// Mp = M rounded up to 16, dp = d rounded up to 2, dvp = dv rounded up to 16; the AMX products
+// pad further (attention/flash_amx.h): dp to 32, Mp by 16 more, S and P rows to 32 keys, query
+// rows to 16.
+
+// The paths (see attention/flash_bf16.h); the forward's tile loop below runs the products of
+// portable, avx512_bf16 and both AMX paths.
+enum class Path { kPortable, kSimdFp32, kAvx512Bf16, kAmxBf16, kAmxBf16Emulated };
+
+bool is_amx(Path path) {
+  return path == Path::kAmxBf16 || path == Path::kAmxBf16Emulated;
+}
 
 struct Problem {
   int64_t B, N, H, Hkv, M, d, dv;  // query head h reads key/value head h / (H / Hkv)
   int64_t dp, dvp, Mp;
   int64_t block_q, block_k;  // block_k a multiple of 16
+  int64_t row_pad, key_pad;  // query rows of the buffers rounded up to row_pad, keys (S, P rows) to key_pad
   float qscale;              // scale · log2(e): scores in base 2
   float keep_scale;
   bool dropout;
-  bool avx512;
+  Path path;      // portable, avx512_bf16 or AMX
   bool variants;  // soft-capping or ALiBi: a pass over each score tile (attention/bf16_variants.h)
 };
 
@@ -116,26 +127,29 @@ void softmax_rows_portable(float* s, int64_t lds, int64_t ni, int64_t nk16, cons
 // Forward. One work item is (b, h, query tile); rows are queries, lanes are keys (scores) or
 // output columns (accumulator).
 
+// Per-thread buffers, rows = block_q rounded up to row_pad. Rows past a short tile's end hold
+// stale, finite values: the AMX products compute them and nothing reads the results.
 struct Buffers {
-  int64_t lds, ldp, ldo;
-  std::vector<bf16> q, p;          // [bq][dp], [bq][ldp]
-  std::vector<float> s, mask, z;   // [bq][lds]
-  std::vector<float> o;            // [bq][ldo]
-  std::vector<float> m, l, alpha;  // [bq]
+  int64_t rows, lds, ldp, ldo;
+  std::vector<bf16> q, p;          // [rows][dp], [rows][ldp]
+  std::vector<float> s, mask, z;   // [rows][lds]
+  std::vector<float> o;            // [rows][ldo]
+  std::vector<float> m, l, alpha;  // [rows]
   std::vector<int64_t> kpos;       // [lds]: the tile's key positions (ALiBi)
   explicit Buffers(const Problem& pr)
-      : lds(round_up(pr.block_k, kKeyBlock)),
+      : rows(round_up(pr.block_q, pr.row_pad)),
+        lds(round_up(pr.block_k, pr.key_pad)),
         ldp(lds),
         ldo(pr.dvp),
-        q(static_cast<size_t>(pr.block_q * pr.dp)),
-        p(static_cast<size_t>(pr.block_q * ldp)),
-        s(static_cast<size_t>(pr.block_q * lds)),
-        mask(static_cast<size_t>(pr.block_q * lds)),
-        z(pr.dropout ? static_cast<size_t>(pr.block_q * lds) : 0),
-        o(static_cast<size_t>(pr.block_q * ldo)),
-        m(static_cast<size_t>(pr.block_q)),
-        l(static_cast<size_t>(pr.block_q)),
-        alpha(static_cast<size_t>(pr.block_q)),
+        q(static_cast<size_t>(rows * pr.dp)),
+        p(static_cast<size_t>(rows * ldp)),
+        s(static_cast<size_t>(rows * lds)),
+        mask(static_cast<size_t>(rows * lds)),
+        z(pr.dropout ? static_cast<size_t>(rows * lds) : 0),
+        o(static_cast<size_t>(rows * ldo)),
+        m(static_cast<size_t>(rows)),
+        l(static_cast<size_t>(rows)),
+        alpha(static_cast<size_t>(rows)),
         kpos(pr.variants ? static_cast<size_t>(lds) : 0) {}
 };
 
@@ -149,6 +163,10 @@ struct Args {
   const Problem& p;
 };
 
+detail::AmxTiles amx_tiles(Path path) {
+  return path == Path::kAmxBf16 ? detail::AmxTiles::kHardware : detail::AmxTiles::kEmulated;
+}
+
 void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int64_t h, int64_t qt) {
   const Problem& p = args.p;
   const int64_t i0 = qt * p.block_q, ni = std::min(p.block_q, p.N - i0);
@@ -161,12 +179,12 @@ void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int64_t h, in
   const bf16* qs = bf16_head_ptr(args.q, b, h);
   for (int64_t r = 0; r < ni; ++r) {
     std::copy_n(qs + (i0 + r) * args.q.stride(1), p.d, buf.q.data() + r * p.dp);
-    if (p.dp > p.d) buf.q[r * p.dp + p.d] = bf16{0};
+    std::fill(buf.q.data() + r * p.dp + p.d, buf.q.data() + (r + 1) * p.dp, bf16{0});
   }
   // −FLT_MAX, not −inf: exp2(s − m) stays free of inf − inf while a row has seen only masked keys.
   std::fill_n(buf.m.data(), ni, -FLT_MAX);
   std::fill_n(buf.l.data(), ni, 0.0f);
-  std::fill_n(buf.o.data(), ni * buf.ldo, 0.0f);
+  std::fill_n(buf.o.data(), round_up(ni, p.row_pad) * buf.ldo, 0.0f);
   const DropoutMatrix dropout(args.options, b, h, p.H, p.M);
   float *s = buf.s.data(), *o = buf.o.data();
 
@@ -190,9 +208,35 @@ void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int64_t h, in
       z = buf.z.data();
       for (int64_t r = 0; r < ni; ++r) dropout.fill_row(i0 + r, j0, j0 + nk, p.keep_scale, z + r * buf.lds, 1);
     }
+    if (is_amx(p.path)) {
+      const detail::ScoreVariants* variants = p.variants ? &args.variants : nullptr;
+      detail::amx_forward_tile({buf.q.data(),
+                                p.dp,
+                                ni,
+                                kp + j0 * p.dp,
+                                vp + j0 * p.dvp,
+                                nk,
+                                p.dvp,
+                                mask,
+                                z,
+                                s,
+                                buf.p.data(),
+                                buf.lds,
+                                o,
+                                m,
+                                l,
+                                alpha,
+                                qscale,
+                                variants,
+                                h,
+                                i0,
+                                buf.kpos.data()},
+                               amx_tiles(p.path));
+      continue;
+    }
     const int64_t nk2 = round_up(nk, 2);
 #if defined(CABM_HAVE_AVX512_BF16_CODE)
-    if (p.avx512) {
+    if (p.path == Path::kAvx512Bf16) {
       if (!p.variants && nk16 <= detail::kFusedKeyBlocks * kKeyBlock) {
         detail::scores_softmax_avx512(buf.q.data(), ni, kp, j0, nk16, p.dp, mask, z, buf.lds, qscale, buf.p.data(),
                                       buf.ldp, m, l, alpha);
@@ -244,8 +288,6 @@ void check_shapes(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
 
 // ---------------------------------------------------------------------------------------------
 // Path selection (see attention/flash_bf16.h).
-
-enum class Path { kPortable, kSimdFp32, kAvx512Bf16, kAmxBf16, kAmxBf16Emulated };
 
 bool have_simd_fp32() {
   return std::strcmp(flash_isa(), "portable") != 0;
@@ -327,9 +369,7 @@ void attention_flash_bf16_backward(const AttentionSaved& saved, const Tensor& do
   check_attention_variants(options, saved.q.size(2), saved.q.size(1), saved.k.size(1));
   Path path = backward_path();
   // The vdpbf16ps and AMX backwards run GQA but not the score variants: those take the fp32 SIMD tiles.
-  const auto is_packed = [](Path x) {
-    return x == Path::kAvx512Bf16 || x == Path::kAmxBf16 || x == Path::kAmxBf16Emulated;
-  };
+  const auto is_packed = [](Path x) { return x == Path::kAvx512Bf16 || is_amx(x); };
   if (is_packed(path) && detail::ScoreVariants(options, saved.q.size(1), saved.k.size(1), saved.q.size(3)).active())
     path = have_simd_fp32() ? Path::kSimdFp32 : Path::kPortable;
   const bool packed = is_packed(path);
@@ -374,24 +414,22 @@ void attention_flash_bf16_forward(const Tensor& q, const Tensor& k, const Tensor
   Problem p{};
   p.B = q.size(0), p.N = q.size(1), p.H = q.size(2), p.Hkv = k.size(2), p.M = k.size(1);
   p.d = q.size(3), p.dv = v.size(3);
-  p.dp = round_up(p.d, 2), p.dvp = round_up(std::max<int64_t>(p.dv, 1), 16), p.Mp = round_up(p.M, kKeyBlock);
+  p.path = path;
+  const bool amx = is_amx(path);
+  p.dp = amx ? round_up(std::max<int64_t>(p.d, 1), 32) : round_up(p.d, 2);
+  p.dvp = round_up(std::max<int64_t>(p.dv, 1), 16);
+  p.Mp = round_up(p.M, kKeyBlock) + (amx ? kKeyBlock : 0);
   p.block_q = tiles.block_q, p.block_k = tiles.block_k;
+  p.row_pad = amx ? 16 : 1, p.key_pad = amx ? 32 : kKeyBlock;
   p.qscale = attention_scale(options, p.d) * kLog2e;
   p.keep_scale = 1.0f / (1.0f - options.dropout);
   p.dropout = options.dropout > 0.0f;
-  p.avx512 = path == Path::kAvx512Bf16;
   const detail::ScoreVariants variants(options, p.N, p.M, p.d);
   p.variants = variants.active();
   if (lse)
     CABM_CHECK(lse->dtype() == DType::F32 && lse->shape() == (Shape{p.B, p.H, p.N}) && lse->is_contiguous(),
                "lse must be a contiguous F32 [B, H, N] tensor, got {}", shape_str(lse->shape()));
   if (p.B * p.H * p.N == 0) return;
-  if (path == Path::kAmxBf16 || path == Path::kAmxBf16Emulated) {  // every mask kind and dropout
-    detail::attention_flash_bf16_forward_amx(
-        q, k, v, options, out, lse, tiles,
-        path == Path::kAmxBf16 ? detail::AmxTiles::kHardware : detail::AmxTiles::kEmulated);
-    return;
-  }
   const TileMask mask(options.mask, p.B, p.H, p.N, p.M);
 
   // Once per key/value head: the query heads of a group read the same packed K and V.
@@ -410,8 +448,10 @@ void attention_flash_bf16_forward(const Tensor& q, const Tensor& k, const Tensor
 #pragma omp parallel
   {
     Buffers buf(p);
+    if (amx) detail::amx_tiles_begin(amx_tiles(path));  // the tile configuration is per thread
 #pragma omp for schedule(dynamic, 1)
     for (size_t n = 0; n < items.size(); ++n) forward_query_tile(args, buf, items[n].b, items[n].h, items[n].qt);
+    if (amx) detail::amx_tiles_end(amx_tiles(path));
   }
 }
 
