@@ -22,6 +22,11 @@ namespace cabm::detail {
 
 inline constexpr int64_t kPackedKeyBlock = 16;
 
+// What computes the block products on these layouts, for the forward and the backward alike:
+// vdpbf16ps (path avx512_bf16), AMX tiles (amx_bf16, only where bf16_amx_active()) or the scalar
+// model of the tiles (amx_bf16_emulated, any CPU with AVX512_BF16; attention/amx_tiles.h).
+enum class Bf16Products { kVdpbf16ps, kAmxTiles, kAmxEmulated };
+
 // Element (key j, dim c) in packed K, and (key j, column c) in packed V.
 inline int64_t packed_k_index(int64_t j, int64_t c, int64_t dp) {
   return ((j / kPackedKeyBlock) * (dp / 2) + c / 2) * (kPackedKeyBlock * 2) + (j % kPackedKeyBlock) * 2 + (c & 1);
@@ -62,8 +67,7 @@ inline PackedKV packed_kv_storage(int64_t nk, int64_t nv) {
     capacity = 0;
     const size_t bytes = static_cast<size_t>((need + 31) / 32 * 64);
     storage.reset(static_cast<bf16*>(std::aligned_alloc(64, bytes)));
-    CABM_CHECK(storage != nullptr, "attention_flash_bf16: out of memory allocating {} bytes for packed K and V",
-               bytes);
+    CABM_CHECK(storage != nullptr, "attention_flash_bf16: out of memory allocating {} bytes for packed K and V", bytes);
     capacity = need;
   }
   return {storage.get(), storage.get() + nk_rounded};
@@ -87,8 +91,8 @@ inline void pack_row_blocks(const bf16* src, int64_t stride, int64_t n, int64_t 
 
 // Packs key/value head (b, h) of k [B, M, Hkv, d] and v [B, M, Hkv, dv] into kp [Mp · dp] and
 // vp [Mp · dvp]: once per key/value head, whatever number of query heads read it (GQA).
-inline void pack_kv_head(const Tensor& k, const Tensor& v, int64_t b, int64_t h, int64_t Mp, int64_t dp,
-                         int64_t dvp, bf16* kp, bf16* vp) {
+inline void pack_kv_head(const Tensor& k, const Tensor& v, int64_t b, int64_t h, int64_t Mp, int64_t dp, int64_t dvp,
+                         bf16* kp, bf16* vp) {
   const int64_t M = k.size(1), d = k.size(3), dv = v.size(3);
   pack_row_blocks(bf16_head_ptr(k, b, h), k.stride(1), M, d, Mp, dp, kp);
   std::fill_n(vp, Mp * dvp, bf16{0});

@@ -193,27 +193,28 @@ CABM_AMX void forward_tile(const AmxForwardTile& t) {
 
 }  // namespace
 
-void amx_forward_tile(const AmxForwardTile& tile, AmxTiles run_on) {
-  if (run_on == AmxTiles::kEmulated)
+void amx_forward_tile(const AmxForwardTile& tile, Bf16Products run_on) {
+  CABM_CHECK(run_on != Bf16Products::kVdpbf16ps, "amx_forward_tile runs AMX products only");
+  if (run_on == Bf16Products::kAmxEmulated)
     forward_tile<EmulatedTiles>(tile);
   else
     forward_tile<HardwareTiles>(tile);
 }
 
-void amx_tiles_begin(AmxTiles run_on) {
-  if (run_on == AmxTiles::kHardware) HardwareTiles::configure();
+void amx_tiles_begin(Bf16Products run_on) {
+  if (run_on == Bf16Products::kAmxTiles) HardwareTiles::configure();
 }
-void amx_tiles_end(AmxTiles run_on) {
-  if (run_on == AmxTiles::kHardware) HardwareTiles::release();
+void amx_tiles_end(Bf16Products run_on) {
+  if (run_on == Bf16Products::kAmxTiles) HardwareTiles::release();
 }
 
 #else
 
-void amx_forward_tile(const AmxForwardTile&, AmxTiles) {
+void amx_forward_tile(const AmxForwardTile&, Bf16Products) {
   CABM_CHECK(false, "the AMX attention forward is only built for x86-64");
 }
-void amx_tiles_begin(AmxTiles) {}
-void amx_tiles_end(AmxTiles) {}
+void amx_tiles_begin(Bf16Products) {}
+void amx_tiles_end(Bf16Products) {}
 
 #endif
 

@@ -18,16 +18,11 @@
 // apart, lds a multiple of 32.
 #pragma once
 
+#include "cabm/kernels/attention/bf16_packing.h"
 #include "cabm/kernels/attention/bf16_variants.h"
 #include "cabm/kernels/attention/flash.h"
 
 namespace cabm::detail {
-
-// Where the tile instructions run (attention/amx_tiles.h): on the CPU's AMX tiles, or on a scalar
-// model of them that any CPU with AVX512_BF16 runs (path "amx_bf16_emulated", which the tests
-// take to check these kernels where no AMX exists; results equal the hardware's up to the order of
-// fp32 additions inside tdpbf16ps, which Intel does not specify beyond its pseudo-code).
-enum class AmxTiles { kHardware, kEmulated };
 
 // One key tile of one query tile: ni query rows, nk keys. m, l, alpha: the rows' running maximum
 // (base 2), sum and this tile's correction, updated; o: the rows' unnormalised output, updated.
@@ -47,12 +42,15 @@ struct AmxForwardTile {
   int64_t h, i0;
   const int64_t* kpos;  // the tile's key positions (ALiBi)
 };
-// Only to be called where bf16_amx_active() (kHardware) or cpu_has_avx512_bf16() (kEmulated),
-// between amx_tiles_begin and amx_tiles_end on the calling thread.
-void amx_forward_tile(const AmxForwardTile& tile, AmxTiles run_on);
+// run_on: kAmxTiles (the CPU's tiles; only where bf16_amx_active()) or kAmxEmulated (the scalar
+// model of attention/amx_tiles.h, which any CPU with AVX512_BF16 runs and the tests take to check
+// this kernel where no AMX exists; results equal the hardware's up to the order of fp32 additions
+// inside tdpbf16ps, which Intel does not specify beyond its pseudo-code). Called between
+// amx_tiles_begin and amx_tiles_end on the calling thread.
+void amx_forward_tile(const AmxForwardTile& tile, Bf16Products run_on);
 // The tile configuration is per thread: loaded before a thread's first tile, released after its last.
-void amx_tiles_begin(AmxTiles run_on);
-void amx_tiles_end(AmxTiles run_on);
+void amx_tiles_begin(Bf16Products run_on);
+void amx_tiles_end(Bf16Products run_on);
 
 // Test hook: while on, attention_flash_bf16_forward and _backward take the emulated AMX path
 // wherever they would take avx512_bf16 (attention/flash_bf16.cpp). Off by default; not for use

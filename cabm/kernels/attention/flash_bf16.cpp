@@ -33,7 +33,7 @@ int64_t round_up(int64_t a, int64_t b) {
 // avx512_bf16 products are in attention/bf16_avx512.h):
 //   K  [Mp/16][dp/2][16][2]: block of 16 keys, then pairs of head-dim elements, key, element.
 //   V  [Mp/2][dvp][2]: pair of keys, column, key.
-//   Q  tile [bq][dp], P tile [bq][ldp]: rows of pairs, read as 32-bit words and broadcast.
+//   Q  tile [bq][dp], P tile [bq][lds]: rows of pairs, read as 32-bit words and broadcast.
 // Mp = M rounded up to 16, dp = d rounded up to 2, dvp = dv rounded up to 16; the AMX products
 // pad further (attention/flash_amx.h): dp to 32, Mp by 16 more, S and P rows to 32 keys, query
 // rows to 16.
@@ -44,6 +44,19 @@ enum class Path { kPortable, kSimdFp32, kAvx512Bf16, kAmxBf16, kAmxBf16Emulated 
 
 bool is_amx(Path path) {
   return path == Path::kAmxBf16 || path == Path::kAmxBf16Emulated;
+}
+
+// What computes the products of the packed paths (avx512_bf16 and AMX), forward and backward.
+detail::Bf16Products packed_products(Path path) {
+  switch (path) {
+    case Path::kAmxBf16:
+      return detail::Bf16Products::kAmxTiles;
+    case Path::kAmxBf16Emulated:
+      return detail::Bf16Products::kAmxEmulated;
+    default:
+      CABM_CHECK(path == Path::kAvx512Bf16, "packed_products of a path without packed products");
+      return detail::Bf16Products::kVdpbf16ps;
+  }
 }
 
 struct Problem {
@@ -130,8 +143,8 @@ void softmax_rows_portable(float* s, int64_t lds, int64_t ni, int64_t nk16, cons
 // Per-thread buffers, rows = block_q rounded up to row_pad. Rows past a short tile's end hold
 // stale, finite values: the AMX products compute them and nothing reads the results.
 struct Buffers {
-  int64_t rows, lds, ldp, ldo;
-  std::vector<bf16> q, p;          // [rows][dp], [rows][ldp]
+  int64_t rows, lds, ldo;
+  std::vector<bf16> q, p;          // [rows][dp], [rows][lds]
   std::vector<float> s, mask, z;   // [rows][lds]
   std::vector<float> o;            // [rows][ldo]
   std::vector<float> m, l, alpha;  // [rows]
@@ -139,10 +152,9 @@ struct Buffers {
   explicit Buffers(const Problem& pr)
       : rows(round_up(pr.block_q, pr.row_pad)),
         lds(round_up(pr.block_k, pr.key_pad)),
-        ldp(lds),
         ldo(pr.dvp),
         q(static_cast<size_t>(rows * pr.dp)),
-        p(static_cast<size_t>(rows * ldp)),
+        p(static_cast<size_t>(rows * lds)),
         s(static_cast<size_t>(rows * lds)),
         mask(static_cast<size_t>(rows * lds)),
         z(pr.dropout ? static_cast<size_t>(rows * lds) : 0),
@@ -162,10 +174,6 @@ struct Args {
   const detail::ScoreVariants& variants;
   const Problem& p;
 };
-
-detail::AmxTiles amx_tiles(Path path) {
-  return path == Path::kAmxBf16 ? detail::AmxTiles::kHardware : detail::AmxTiles::kEmulated;
-}
 
 void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int64_t h, int64_t qt) {
   const Problem& p = args.p;
@@ -231,7 +239,7 @@ void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int64_t h, in
                                 h,
                                 i0,
                                 buf.kpos.data()},
-                               amx_tiles(p.path));
+                               packed_products(p.path));
       continue;
     }
     const int64_t nk2 = round_up(nk, 2);
@@ -239,13 +247,13 @@ void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int64_t h, in
     if (p.path == Path::kAvx512Bf16) {
       if (!p.variants && nk16 <= detail::kFusedKeyBlocks * kKeyBlock) {
         detail::scores_softmax_avx512(buf.q.data(), ni, kp, j0, nk16, p.dp, mask, z, buf.lds, qscale, buf.p.data(),
-                                      buf.ldp, m, l, alpha);
+                                      buf.lds, m, l, alpha);
       } else {
         detail::scores_avx512(buf.q.data(), ni, kp, j0, nk16, p.dp, s, buf.lds);
         if (p.variants) detail::variant_scores_avx512(args.variants, h, i0, ni, buf.kpos.data(), nk16, s, buf.lds);
-        detail::softmax_rows_avx512(s, buf.lds, ni, nk16, mask, z, qscale, buf.p.data(), buf.ldp, m, l, alpha);
+        detail::softmax_rows_avx512(s, buf.lds, ni, nk16, mask, z, qscale, buf.p.data(), buf.lds, m, l, alpha);
       }
-      detail::pv_avx512(buf.p.data(), buf.ldp, ni, vp, j0, nk2, p.dvp, alpha, o, buf.ldo);
+      detail::pv_avx512(buf.p.data(), buf.lds, ni, vp, j0, nk2, p.dvp, alpha, o, buf.ldo);
       continue;
     }
 #endif
@@ -255,11 +263,11 @@ void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int64_t h, in
     for (int64_t r = 0; r < ni; ++r) {
       if (z)
         for (int64_t c = 0; c < nk; ++c) s[r * buf.lds + c] *= z[r * buf.lds + c];
-      float_to_bf16(s + r * buf.lds, buf.p.data() + r * buf.ldp, nk2);
+      float_to_bf16(s + r * buf.lds, buf.p.data() + r * buf.lds, nk2);
       if (alpha[r] != 1.0f)
         for (int64_t c = 0; c < buf.ldo; ++c) o[r * buf.ldo + c] *= alpha[r];
     }
-    pv_portable(buf.p.data(), buf.ldp, ni, vp, j0, nk2, p, o, buf.ldo);
+    pv_portable(buf.p.data(), buf.lds, ni, vp, j0, nk2, p, o, buf.ldo);
   }
 
   // One division per row; fully masked rows (l = 0) give 0 and lse = −inf.
@@ -380,12 +388,9 @@ void attention_flash_bf16_backward(const AttentionSaved& saved, const Tensor& do
              path_name(path));
   if (saved.q.size(0) * saved.q.size(2) == 0) return;
   if (packed) {
-    const detail::Bf16Products products = path == Path::kAvx512Bf16 ? detail::Bf16Products::kVdpbf16ps
-                                          : path == Path::kAmxBf16  ? detail::Bf16Products::kAmxTiles
-                                                                    : detail::Bf16Products::kAmxEmulated;
     detail::attention_flash_bf16_backward_packed(
         saved, dout, options, grads, flash_resolved_config(config, options, saved.q.size(3), saved.q.size(1), true),
-        products);
+        packed_products(path));
   } else if (simd) {
     detail::attention_flash_bf16_backward_simd(saved, dout, options, grads, config);
   } else {
@@ -448,10 +453,10 @@ void attention_flash_bf16_forward(const Tensor& q, const Tensor& k, const Tensor
 #pragma omp parallel
   {
     Buffers buf(p);
-    if (amx) detail::amx_tiles_begin(amx_tiles(path));  // the tile configuration is per thread
+    if (amx) detail::amx_tiles_begin(packed_products(path));  // the tile configuration is per thread
 #pragma omp for schedule(dynamic, 1)
     for (size_t n = 0; n < items.size(); ++n) forward_query_tile(args, buf, items[n].b, items[n].h, items[n].qt);
-    if (amx) detail::amx_tiles_end(amx_tiles(path));
+    if (amx) detail::amx_tiles_end(packed_products(path));
   }
 }
 

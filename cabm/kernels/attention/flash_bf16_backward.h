@@ -12,11 +12,6 @@
 
 namespace cabm::detail {
 
-// What computes the block products: vdpbf16ps (path avx512_bf16), AMX tiles (amx_bf16, only
-// where bf16_amx_active()) or the scalar model of the tiles (amx_bf16_emulated, any CPU with
-// AVX512_BF16).
-enum class Bf16Products { kVdpbf16ps, kAmxTiles, kAmxEmulated };
-
 // As attention_flash_bf16_backward, with the tiles resolved by the caller; shapes, the lse and
 // the options are checked by the caller.
 void attention_flash_bf16_backward_packed(const AttentionSaved& saved, const Tensor& dout,
