@@ -156,30 +156,43 @@ struct Problem {
 struct Buffers {
   std::vector<bf16> q, g, qt, gt, kblocks, vblocks, kpairs, ds, pz_pairs, ds_pairs;
   std::vector<float> lse2, delta, dq, dkt, dvt, s, dpp, mask, z;
-  int64_t lds, ldds;
-  explicit Buffers(const Problem& p)
-      : q(static_cast<size_t>(p.group * p.rows * p.d_in)),
-        g(static_cast<size_t>(p.group * p.rows * p.dv_in)),
-        qt(static_cast<size_t>(p.group * p.query_tiles * p.bq_in * p.dqp)),
-        gt(static_cast<size_t>(p.group * p.query_tiles * p.bq_in * p.dvp)),
-        kblocks(static_cast<size_t>(p.bk16 * p.d_in)),
-        vblocks(static_cast<size_t>(p.bk16 * p.dv_in)),
-        kpairs(static_cast<size_t>(p.bk_in * p.dqp)),
-        ds(static_cast<size_t>(p.bq_rows * p.bk_in)),
-        pz_pairs(static_cast<size_t>(p.bq_in * p.bk16)),
-        ds_pairs(static_cast<size_t>(p.bq_in * p.bk16)),
-        lse2(static_cast<size_t>(p.group * p.N)),
-        delta(static_cast<size_t>(p.group * p.N)),
-        dq(static_cast<size_t>(p.group * p.rows * p.dqp)),
-        dkt(static_cast<size_t>(p.dqp * p.bk16)),
-        dvt(static_cast<size_t>(p.dvp * p.bk16)),
-        s(static_cast<size_t>(p.bq_rows * p.bk16)),
-        dpp(static_cast<size_t>(p.bq_rows * p.bk16)),
-        mask(static_cast<size_t>(p.bq_rows * p.bk16)),
-        z(static_cast<size_t>(p.bq_rows * p.bk16)),
-        lds(p.bk16),
-        ldds(p.bk_in) {}
+  int64_t lds = 0, ldds = 0;
+  // Sized for p and zeroed, as fresh vectors would be, in the storage the thread already has
+  // (thread_buffers): at N 4096 these are megabytes, and a first-touched page costs more than
+  // clearing it again.
+  void reset(const Problem& p) {
+    const auto zeroed = [](auto& v, int64_t n) { v.assign(static_cast<size_t>(n), {}); };
+    zeroed(q, p.group * p.rows * p.d_in);
+    zeroed(g, p.group * p.rows * p.dv_in);
+    zeroed(qt, p.group * p.query_tiles * p.bq_in * p.dqp);
+    zeroed(gt, p.group * p.query_tiles * p.bq_in * p.dvp);
+    zeroed(kblocks, p.bk16 * p.d_in);
+    zeroed(vblocks, p.bk16 * p.dv_in);
+    zeroed(kpairs, p.bk_in * p.dqp);
+    zeroed(ds, p.bq_rows * p.bk_in);
+    zeroed(pz_pairs, p.bq_in * p.bk16);
+    zeroed(ds_pairs, p.bq_in * p.bk16);
+    zeroed(lse2, p.group * p.N);
+    zeroed(delta, p.group * p.N);
+    zeroed(dq, p.group * p.rows * p.dqp);
+    zeroed(dkt, p.dqp * p.bk16);
+    zeroed(dvt, p.dvp * p.bk16);
+    zeroed(s, p.bq_rows * p.bk16);
+    zeroed(dpp, p.bq_rows * p.bk16);
+    zeroed(mask, p.bq_rows * p.bk16);
+    zeroed(z, p.bq_rows * p.bk16);
+    lds = p.bk16;
+    ldds = p.bk_in;
+  }
 };
+
+// The calling thread's buffers, reset for p. They keep the largest size the thread has needed
+// and are freed when the thread ends (as the fp32 kernels' scratch, attention/flash_item.h).
+Buffers& thread_buffers(const Problem& p) {
+  thread_local Buffers buffers;
+  buffers.reset(p);
+  return buffers;
+}
 
 struct Args {
   const AttentionSaved& saved;
@@ -341,7 +354,7 @@ void run(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions
   const Args args{saved, dout, grads, options, mask, p};
 #pragma omp parallel
   {
-    Buffers buf(p);
+    Buffers& buf = thread_buffers(p);
     Products::begin();  // per thread: the tile configuration
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < p.B * p.Hkv; ++item)
