@@ -12,6 +12,7 @@
 #include "cabm/core/tensor.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -40,9 +41,15 @@ inline const bf16* bf16_head_ptr(const Tensor& t, int64_t b, int64_t h) {
   return t.data<bf16>() + b * t.stride(0) + h * t.stride(2);
 }
 
-// Row r of head (b, h) of an F32 [B, L, H, n] view.
-inline float* f32_row(const Tensor& t, int64_t b, int64_t r, int64_t h) {
-  return t.data<float>() + b * t.stride(0) + r * t.stride(1) + h * t.stride(2);
+// The rows of head (b, h) of an F32 [B, L, H, n] view: row r at data + r · stride. Taken once per
+// head: Tensor's checked accessors cost more than a short row's work when called per row.
+struct F32HeadRows {
+  float* data;
+  int64_t stride;
+  float* row(int64_t r) const { return data + r * stride; }
+};
+inline F32HeadRows f32_head_rows(const Tensor& t, int64_t b, int64_t h) {
+  return {t.data<float>() + b * t.stride(0) + h * t.stride(2), t.stride(1)};
 }
 
 // Room for a call's packed K (nk elements) and V (nv elements), shared by the call's threads,
@@ -97,9 +104,21 @@ inline void pack_kv_head(const Tensor& k, const Tensor& v, int64_t b, int64_t h,
   pack_row_blocks(bf16_head_ptr(k, b, h), k.stride(1), M, d, Mp, dp, kp);
   std::fill_n(vp, Mp * dvp, bf16{0});
   const bf16* vs = bf16_head_ptr(v, b, h);
-  for (int64_t j = 0; j < M; ++j) {
-    const bf16* vrow = vs + j * v.stride(1);
-    for (int64_t c = 0; c < dv; ++c) vp[packed_v_index(j, c, dvp)] = vrow[c];
+  const int64_t stride = v.stride(1);
+  // Keys j and j + 1 of column c as one 32-bit word, key j in the low half (at the address
+  // packed_v_index gives it, on a little-endian CPU): a loop the compiler vectorizes.
+  static_assert(std::endian::native == std::endian::little);
+  const auto pack_pair = [dv](const bf16* v0, const bf16* v1, bf16* out) {
+    for (int64_t c = 0; c < dv; ++c) {
+      const uint32_t pair = uint32_t{v0[c].bits} | uint32_t{v1[c].bits} << 16;
+      std::memcpy(out + 2 * c, &pair, 4);
+    }
+  };
+  for (int64_t j = 0; j + 1 < M; j += 2)
+    pack_pair(vs + j * stride, vs + (j + 1) * stride, vp + packed_v_index(j, 0, dvp));
+  if (M % 2) {  // the last key's pair partner is zero padding
+    const bf16* last = vs + (M - 1) * stride;
+    for (int64_t c = 0; c < dv; ++c) vp[packed_v_index(M - 1, c, dvp)] = last[c];
   }
 }
 

@@ -72,7 +72,6 @@ struct Problem {
 };
 
 using detail::bf16_head_ptr;
-using detail::f32_row;
 inline int64_t k_index(int64_t j, int64_t c, int64_t dp) {
   return detail::packed_k_index(j, c, dp);
 }
@@ -185,8 +184,9 @@ void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int64_t h, in
   const float qscale = p.variants ? 1.0f : p.qscale;  // the variant pass scales to base 2 itself
 
   const bf16* qs = bf16_head_ptr(args.q, b, h);
+  const int64_t q_stride = args.q.stride(1);
   for (int64_t r = 0; r < ni; ++r) {
-    std::copy_n(qs + (i0 + r) * args.q.stride(1), p.d, buf.q.data() + r * p.dp);
+    std::copy_n(qs + (i0 + r) * q_stride, p.d, buf.q.data() + r * p.dp);
     std::fill(buf.q.data() + r * p.dp + p.d, buf.q.data() + (r + 1) * p.dp, bf16{0});
   }
   // −FLT_MAX, not −inf: exp2(s − m) stays free of inf − inf while a row has seen only masked keys.

@@ -212,11 +212,14 @@ void begin_query_head(const Args& args, Buffers& buf, int64_t b, int64_t h, int6
   bf16* qrows = buf.q.data() + u * p.rows * p.d_in;
   bf16* grows = buf.g.data() + u * p.rows * p.dv_in;
   backward_row_terms(args.saved, args.dout, b, h, buf.delta.data() + u * p.N, buf.lse2.data() + u * p.N);
+  const bf16* qh = bf16_head_ptr(q, b, h);
+  const int64_t q_stride = q.stride(1);
+  const F32HeadRows g_rows = f32_head_rows(args.dout, b, h);
   for (int64_t i = 0; i < p.N; ++i) {
-    const bf16* qi = bf16_head_ptr(q, b, h) + i * q.stride(1);
+    const bf16* qi = qh + i * q_stride;
     std::copy_n(qi, p.d, qrows + i * p.d_in);
     std::fill(qrows + i * p.d_in + p.d, qrows + (i + 1) * p.d_in, bf16{0});
-    float_to_bf16(f32_row(args.dout, b, i, h), grows + i * p.dv_in, p.dv);
+    float_to_bf16(g_rows.row(i), grows + i * p.dv_in, p.dv);
     std::fill(grows + i * p.dv_in + p.dv, grows + (i + 1) * p.dv_in, bf16{0});
   }
   // Q and dO of each query tile as the A operands of dKᵀ and dVᵀ.
@@ -282,6 +285,7 @@ void backward_kv_head(const Args& args, Buffers& buf, int64_t b, int64_t hk) {
   for (int64_t u = 0; u < p.group; ++u) begin_query_head<Products>(args, buf, b, hk * p.group + u, u);
   const Tensor &k = args.saved.k, &v = args.saved.v;
   const bf16 *kh = bf16_head_ptr(k, b, hk), *vh = bf16_head_ptr(v, b, hk);
+  const F32HeadRows dk_rows = f32_head_rows(args.grads.dk, b, hk), dv_rows = f32_head_rows(args.grads.dv, b, hk);
   for (int64_t j0 = 0; j0 < p.M; j0 += p.block_k) {
     const int64_t nk = std::min(p.block_k, p.M - j0), nk16 = round_up(nk, kBlock), nk_in = round_up(nk, p.inner);
     const Range keys{j0, j0 + nk};
@@ -319,17 +323,19 @@ void backward_kv_head(const Args& args, Buffers& buf, int64_t b, int64_t hk) {
       }
     }
     for (int64_t j = 0; j < nk; ++j) {
-      float* dkrow = f32_row(args.grads.dk, b, j0 + j, hk);
+      float* dkrow = dk_rows.row(j0 + j);
       for (int64_t e = 0; e < p.d; ++e) dkrow[e] = buf.dkt[e * p.bk16 + j] * p.scale;
-      float* dvrow = f32_row(args.grads.dv, b, j0 + j, hk);
+      float* dvrow = dv_rows.row(j0 + j);
       for (int64_t e = 0; e < p.dv; ++e) dvrow[e] = buf.dvt[e * p.bk16 + j];
     }
   }
-  for (int64_t u = 0; u < p.group; ++u)
+  for (int64_t u = 0; u < p.group; ++u) {
+    const F32HeadRows dq_rows = f32_head_rows(args.grads.dq, b, hk * p.group + u);
     for (int64_t i = 0; i < p.N; ++i) {
-      float* dqrow = f32_row(args.grads.dq, b, i, hk * p.group + u);
+      float* dqrow = dq_rows.row(i);
       for (int64_t e = 0; e < p.d; ++e) dqrow[e] = buf.dq[(u * p.rows + i) * p.dqp + e] * p.scale;
     }
+  }
 }
 
 template <class Products>

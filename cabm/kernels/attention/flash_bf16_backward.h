@@ -34,8 +34,9 @@ inline void backward_row_terms(const AttentionSaved& saved, const Tensor& dout, 
   const Tensor& o = saved.out;
   const int64_t N = o.size(1), H = o.size(2), dv = o.size(3);
   const float* lse = saved.lse.data<float>() + (b * H + h) * N;
+  const F32HeadRows g_rows = f32_head_rows(dout, b, h), o_rows = f32_head_rows(o, b, h);
   for (int64_t i = 0; i < N; ++i) {
-    const float *gi = f32_row(dout, b, i, h), *oi = f32_row(o, b, i, h);
+    const float *gi = g_rows.row(i), *oi = o_rows.row(i);
     float dot = 0.0f;
     for (int64_t c = 0; c < dv; ++c) dot += gi[c] * oi[c];
     delta[i] = dot;

@@ -83,8 +83,9 @@ void backward_query_head_portable(const BackwardArgs& args, BackwardBuffers& buf
   const Tensor& q = args.saved.q;
   bf16_to_float_2d(bf16_head_ptr(q, b, h), q.stride(1), buf.q.data(), d, N, d);
   backward_row_terms(args.saved, args.dout, b, h, buf.delta.data(), buf.lse2.data());
+  const F32HeadRows g_rows = f32_head_rows(args.dout, b, h);
   for (int64_t i = 0; i < N; ++i) {
-    const float* gi = f32_row(args.dout, b, i, h);
+    const float* gi = g_rows.row(i);
     for (int64_t c = 0; c < dv; ++c) buf.g[i * dv + c] = round_bf16(gi[c]);
   }
   std::fill(buf.dq.begin(), buf.dq.end(), 0.0f);
@@ -149,8 +150,9 @@ void backward_query_head_portable(const BackwardArgs& args, BackwardBuffers& buf
       }
     }
   }
+  const F32HeadRows dq_rows = f32_head_rows(args.grads.dq, b, h);
   for (int64_t i = 0; i < N; ++i) {
-    float* dqrow = f32_row(args.grads.dq, b, i, h);
+    float* dqrow = dq_rows.row(i);
     for (int64_t e = 0; e < d; ++e) dqrow[e] = buf.dq[i * d + e] * p.scale;
   }
 }
@@ -164,10 +166,11 @@ void backward_kv_head_portable(const BackwardArgs& args, BackwardBuffers& buf, i
   std::fill(buf.dv.begin(), buf.dv.end(), 0.0f);
   const int64_t group = p.H / p.Hkv;
   for (int64_t h = hk * group; h < (hk + 1) * group; ++h) backward_query_head_portable(args, buf, b, h);
+  const F32HeadRows dk_rows = f32_head_rows(args.grads.dk, b, hk), dv_rows = f32_head_rows(args.grads.dv, b, hk);
   for (int64_t j = 0; j < p.M; ++j) {
-    float* dkrow = f32_row(args.grads.dk, b, j, hk);
+    float* dkrow = dk_rows.row(j);
     for (int64_t e = 0; e < p.d; ++e) dkrow[e] = buf.dk[j * p.d + e] * p.scale;
-    std::copy_n(buf.dv.begin() + j * p.dv, p.dv, f32_row(args.grads.dv, b, j, hk));
+    std::copy_n(buf.dv.begin() + j * p.dv, p.dv, dv_rows.row(j));
   }
 }
 
