@@ -32,6 +32,13 @@ class TileMask {
     mask.validate(B, H, N, M);
     for (const Tensor& t : mask.allowed()) allowed_.push_back(broadcast_to_bhnm(t, B, H, N, M, "allow mask"));
     for (const Tensor& t : mask.biases()) biases_.push_back(broadcast_to_bhnm(t, B, H, N, M, "additive mask"));
+    for (const Tensor& t : allowed_) allowed_views_.push_back(element_view<uint8_t>(t));
+    for (const Tensor& t : biases_) bias_views_.push_back(element_view<float>(t));
+    for (const BlockSparseLayout& layout : mask.block_layouts()) {
+      const Tensor& blocks = layout.blocks;
+      block_views_.push_back({blocks.data<uint8_t>(), blocks.size(0) == 1 ? 0 : blocks.stride(0), blocks.stride(1),
+                              blocks.stride(2), layout.block_q, layout.block_k});
+    }
   }
 
   bool per_element() const { return !allowed_.empty() || !biases_.empty(); }
@@ -134,30 +141,49 @@ class TileMask {
         float& e = out[(j - keys.begin) * key_step];
         if (e == -INFINITY) continue;
         bool allowed = true;
-        for (const BlockSparseLayout& layout : mask_.block_layouts()) {
+        for (const BlockView& blocks : block_views_) {
           if (!allowed) break;
-          const Tensor& blocks = layout.blocks;
-          allowed = blocks.data<uint8_t>()[(blocks.size(0) == 1 ? 0 : h) * blocks.stride(0) +
-                                           (i / layout.block_q) * blocks.stride(1) +
-                                           (j / layout.block_k) * blocks.stride(2)] != 0;
+          allowed =
+              blocks.data[h * blocks.sh + (i / blocks.block_q) * blocks.sq + (j / blocks.block_k) * blocks.sk] != 0;
         }
-        for (const Tensor& t : allowed_) {
+        for (const ElementView<uint8_t>& t : allowed_views_) {
           if (!allowed) break;
-          allowed = t.data<uint8_t>()[b * t.stride(0) + h * t.stride(1) + i * t.stride(2) + j * t.stride(3)] != 0;
+          allowed = t.at(b, h, i, j) != 0;
         }
         float bias = 0.0f;
-        for (const Tensor& t : biases_)
-          bias += t.data<float>()[b * t.stride(0) + h * t.stride(1) + i * t.stride(2) + j * t.stride(3)];
+        for (const ElementView<float>& t : bias_views_) bias += t.at(b, h, i, j);
         e = allowed ? bias * bias_scale : -INFINITY;
       }
     }
   }
 
  private:
+  // Elements of a [B, H, N, M] view, and a block layout's entries, by index arithmetic alone:
+  // Tensor's checked accessors are calls, too slow once per element. They point into the views
+  // below (whose storage this object shares).
+  template <typename T>
+  struct ElementView {
+    const T* data;
+    int64_t sb, sh, si, sj;
+    T at(int64_t b, int64_t h, int64_t i, int64_t j) const { return data[b * sb + h * sh + i * si + j * sj]; }
+  };
+  template <typename T>
+  static ElementView<T> element_view(const Tensor& t) {
+    return {t.data<T>(), t.stride(0), t.stride(1), t.stride(2), t.stride(3)};
+  }
+  struct BlockView {
+    const uint8_t* data;
+    int64_t sh, sq, sk;  // sh 0: one layout for every head
+    int64_t block_q, block_k;
+  };
+
   Mask mask_;  // a copy: tensors are shared, so this is cheap and never dangles
   int64_t N_, M_;
   std::vector<Tensor> allowed_;  // BOOL [B, H, N, M] views
   std::vector<Tensor> biases_;   // F32 [B, H, N, M] views
+  std::vector<ElementView<uint8_t>> allowed_views_;
+  std::vector<ElementView<float>> bias_views_;
+  std::vector<BlockView> block_views_;
 };
 
 // The additive mask of a bf16 forward's tile (rows queries, lanes keys in 16-key blocks; rows
