@@ -142,27 +142,39 @@ void softmax_rows_portable(float* s, int64_t lds, int64_t ni, int64_t nk16, cons
 // Per-thread buffers, rows = block_q rounded up to row_pad. Rows past a short tile's end hold
 // stale, finite values: the AMX products compute them and nothing reads the results.
 struct Buffers {
-  int64_t rows, lds, ldo;
+  int64_t rows = 0, lds = 0, ldo = 0;
   std::vector<bf16> q, p;          // [rows][dp], [rows][lds]
   std::vector<float> s, mask, z;   // [rows][lds]
   std::vector<float> o;            // [rows][ldo]
   std::vector<float> m, l, alpha;  // [rows]
   std::vector<int64_t> kpos;       // [lds]: the tile's key positions (ALiBi)
-  explicit Buffers(const Problem& pr)
-      : rows(round_up(pr.block_q, pr.row_pad)),
-        lds(round_up(pr.block_k, pr.key_pad)),
-        ldo(pr.dvp),
-        q(static_cast<size_t>(rows * pr.dp)),
-        p(static_cast<size_t>(rows * lds)),
-        s(static_cast<size_t>(rows * lds)),
-        mask(static_cast<size_t>(rows * lds)),
-        z(pr.dropout ? static_cast<size_t>(rows * lds) : 0),
-        o(static_cast<size_t>(rows * ldo)),
-        m(static_cast<size_t>(rows)),
-        l(static_cast<size_t>(rows)),
-        alpha(static_cast<size_t>(rows)),
-        kpos(pr.variants ? static_cast<size_t>(lds) : 0) {}
+  // Sized for pr and zeroed, as fresh vectors would be, in the storage the thread already has
+  // (thread_buffers): a first-touched page costs more than clearing it again.
+  void reset(const Problem& pr) {
+    const auto zeroed = [](auto& v, int64_t n) { v.assign(static_cast<size_t>(n), {}); };
+    rows = round_up(pr.block_q, pr.row_pad);
+    lds = round_up(pr.block_k, pr.key_pad);
+    ldo = pr.dvp;
+    zeroed(q, rows * pr.dp);
+    zeroed(p, rows * lds);
+    zeroed(s, rows * lds);
+    zeroed(mask, rows * lds);
+    zeroed(z, pr.dropout ? rows * lds : 0);
+    zeroed(o, rows * ldo);
+    zeroed(m, rows);
+    zeroed(l, rows);
+    zeroed(alpha, rows);
+    zeroed(kpos, pr.variants ? lds : 0);
+  }
 };
+
+// The calling thread's buffers, reset for pr; kept at the largest size the thread has needed and
+// freed when the thread ends (as the fp32 kernels' scratch, attention/flash_item.h).
+Buffers& thread_buffers(const Problem& pr) {
+  thread_local Buffers buffers;
+  buffers.reset(pr);
+  return buffers;
+}
 
 struct Args {
   const Tensor &q, &out;
@@ -452,7 +464,7 @@ void attention_flash_bf16_forward(const Tensor& q, const Tensor& k, const Tensor
 
 #pragma omp parallel
   {
-    Buffers buf(p);
+    Buffers& buf = thread_buffers(p);
     if (amx) detail::amx_tiles_begin(packed_products(path));  // the tile configuration is per thread
 #pragma omp for schedule(dynamic, 1)
     for (size_t n = 0; n < items.size(); ++n) forward_query_tile(args, buf, items[n].b, items[n].h, items[n].qt);
