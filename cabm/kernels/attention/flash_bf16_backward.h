@@ -8,8 +8,6 @@
 #include "cabm/kernels/attention/bf16_packing.h"
 #include "cabm/kernels/attention/flash.h"
 
-#include <cmath>
-
 namespace cabm::detail {
 
 // As attention_flash_bf16_backward, with the tiles resolved by the caller; shapes, the lse and
@@ -25,23 +23,11 @@ void attention_flash_bf16_backward_portable(const AttentionSaved& saved, const T
                                             const FlashConfig& config);
 
 // The per-row terms of the backward for the query rows of head (b, h), shared by the bf16
-// backward paths: D_i = dO_i · O_i in fp32 (on dO before it is rounded) into delta, and
+// backward paths (one definition, in attention/flash_bf16_portable_backward.cpp, so that every
+// path gets the same bits): D_i = dO_i · O_i in fp32 (on dO before it is rounded) into delta, and
 // lse2_i = lse_i · log2(e) into lse2, +inf on fully masked rows (lse −inf) so that
 // P = exp2(S·qscale − lse2) is 0 there.
-inline void backward_row_terms(const AttentionSaved& saved, const Tensor& dout, int64_t b, int64_t h, float* delta,
-                               float* lse2) {
-  constexpr float kLog2e = 1.4426950408889634f;
-  const Tensor& o = saved.out;
-  const int64_t N = o.size(1), H = o.size(2), dv = o.size(3);
-  const float* lse = saved.lse.data<float>() + (b * H + h) * N;
-  const F32HeadRows g_rows = f32_head_rows(dout, b, h), o_rows = f32_head_rows(o, b, h);
-  for (int64_t i = 0; i < N; ++i) {
-    const float *gi = g_rows.row(i), *oi = o_rows.row(i);
-    float dot = 0.0f;
-    for (int64_t c = 0; c < dv; ++c) dot += gi[c] * oi[c];
-    delta[i] = dot;
-    lse2[i] = lse[i] == -INFINITY ? INFINITY : lse[i] * kLog2e;
-  }
-}
+void backward_row_terms(const AttentionSaved& saved, const Tensor& dout, int64_t b, int64_t h, float* delta,
+                        float* lse2);
 
 }  // namespace cabm::detail
