@@ -1,5 +1,6 @@
 #include "cabm/nn/linear.h"
 
+#include "cabm/kernels/bf16.h"
 #include "cabm/kernels/gemm.h"
 #include "cabm/nn/bf16_util.h"
 
@@ -84,7 +85,11 @@ void linear_forward(const Linear& layer, const Tensor& x, const Tensor& y) {
   gemm(a, w_t, yp, y.stride(0), 1.0f, beta);
 }
 
-void add_column_sums(const Tensor& x, float* out) {
+namespace {
+
+// add_column_sums, calling also(r, row) on each row r of x as it is summed (the row is then in L1).
+template <class RowFn>
+void add_column_sums_and(const Tensor& x, float* out, RowFn&& also) {
   CABM_CHECK(x.dim() == 2 && x.stride(1) == 1, "add_column_sums needs a [rows, cols] view, got {}",
              shape_str(x.shape()));
   const int64_t rows = x.size(0), cols = x.size(1), ld = x.stride(0);
@@ -95,11 +100,19 @@ void add_column_sums(const Tensor& x, float* out) {
 #pragma omp parallel for schedule(static)
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
     float* acc = partial.data() + chunk * cols;
-    for (int64_t r = rows * chunk / chunks; r < rows * (chunk + 1) / chunks; ++r)
+    for (int64_t r = rows * chunk / chunks; r < rows * (chunk + 1) / chunks; ++r) {
       for (int64_t c = 0; c < cols; ++c) acc[c] += p[r * ld + c];
+      also(r, p + r * ld);
+    }
   }
   for (int64_t chunk = 0; chunk < chunks; ++chunk)
     for (int64_t c = 0; c < cols; ++c) out[c] += partial[chunk * cols + c];
+}
+
+}  // namespace
+
+void add_column_sums(const Tensor& x, float* out) {
+  add_column_sums_and(x, out, [](int64_t, const float*) {});
 }
 
 void linear_backward(const Linear& layer, const Tensor& x, const Tensor& dy, const Tensor& dx, Linear& grad,
@@ -118,13 +131,20 @@ void linear_backward(const Linear& layer, const Tensor& x, const Tensor& dy, con
   if (layer.weight_bf16.defined()) {
     check_bf16_copy(layer);
     // The same three products on bf16 operands: dy and x rounded once each, fp32 accumulation.
-    const Tensor dy_b = rounded(dy, 0), x_b = rounded(x, 1);
-    gemm_bf16(bf16_ref(dy_b, /*transposed=*/true), bf16_ref(x_b), grad.weight.data<float>(), grad.weight.stride(0),
-              1.0f, 1.0f);
+    // The bias gradient sums the fp32 dy (a reduction, not a product), in the pass that rounds it.
+    Tensor dy_b;
     if (grad.bias.defined()) {
       CABM_CHECK(grad.bias.is_contiguous(), "Linear bias gradient must be contiguous");
-      add_column_sums(dy, grad.bias.data<float>());  // fp32 dy: a reduction, not a product
+      dy_b = bf16_scratch(0, rows, out);
+      bf16* dy_rounded = dy_b.data<bf16>();
+      add_column_sums_and(dy, grad.bias.data<float>(),
+                          [&](int64_t r, const float* row) { float_to_bf16(row, dy_rounded + r * out, out); });
+    } else {
+      dy_b = rounded(dy, 0);
     }
+    const Tensor x_b = rounded(x, 1);
+    gemm_bf16(bf16_ref(dy_b, /*transposed=*/true), bf16_ref(x_b), grad.weight.data<float>(), grad.weight.stride(0),
+              1.0f, 1.0f);
     if (dx.defined())
       gemm_bf16(bf16_ref(dy_b), bf16_ref(layer.weight_bf16), dx.data<float>(), dx.stride(0), 1.0f,
                 accumulate_dx ? 1.0f : 0.0f);
