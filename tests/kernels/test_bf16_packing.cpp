@@ -1,13 +1,17 @@
 // The packed bf16 K and V layouts of attention/bf16_packing.h, which the avx512_bf16 and AMX
 // attention kernels read: pack_kv_head against the index functions, element by element, for the
 // padded sizes each kernel uses (the AMX forward's, d rounded up to 32, runs here whatever the CPU
-// has), odd widths, strided heads and every head of a GQA layout; the padding must be zero. And
+// has), odd widths, strided heads and every head of a GQA layout, with each K packer the CPU
+// runs (portable, AVX-512 transposes); the padding must be zero. And
 // the per-thread storage they are packed into: aligned, K and V apart, reused.
+#include "cabm/kernels/attention/bf16_avx512.h"
 #include "cabm/kernels/attention/bf16_packing.h"
+#include "cabm/kernels/bf16.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <iostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -44,11 +48,33 @@ struct Padding {
   int64_t dp, dvp, Mp;
 };
 
+struct KPacker {
+  std::string name;
+  detail::RowBlockPacker pack;
+};
+
+// The K packers this CPU runs: the portable one, and the AVX-512 transposes where AVX512_BF16 is.
+std::vector<KPacker> k_packers() {
+  std::vector<KPacker> packers = {{"portable", detail::pack_row_blocks}};
+#if defined(CABM_HAVE_AVX512_BF16_CODE)
+  if (cpu_has_avx512_bf16())
+    packers.push_back({"avx512", detail::pack_row_blocks_avx512});
+  else
+    std::cout << "[ SKIPPED  ] pack_row_blocks_avx512: this CPU has no AVX512_BF16\n";
+#else
+  std::cout << "[ SKIPPED  ] pack_row_blocks_avx512: not built (not x86-64)\n";
+#endif
+  return packers;
+}
+
 TEST(Bf16Packing, KvHeadMatchesTheIndexFunctionsWithZeroPadding) {
   std::mt19937 rng(7);
-  // (B, M, Hkv, d, dv): odd and even widths and key counts, one key, more keys than a block.
+  // (B, M, Hkv, d, dv): odd and even widths and key counts, one key, more keys than a block, more
+  // than 16 column pairs with and without a whole number of 16-pair groups.
   const std::vector<std::vector<int64_t>> shapes = {{1, 1, 1, 1, 1},    {2, 17, 3, 5, 7},    {1, 33, 2, 64, 64},
-                                                    {2, 40, 1, 40, 24}, {1, 16, 4, 128, 96}, {1, 50, 2, 17, 33}};
+                                                    {2, 40, 1, 40, 24}, {1, 16, 4, 128, 96}, {1, 50, 2, 17, 33},
+                                                    {1, 29, 1, 100, 3}, {1, 7, 2, 200, 9},   {1, 48, 1, 33, 32}};
+  const std::vector<KPacker> packers = k_packers();
   for (const auto& s : shapes) {
     const int64_t B = s[0], M = s[1], Hkv = s[2], d = s[3], dv = s[4];
     const HeadView k(B, M, Hkv, d, 3, rng), v(B, M, Hkv, dv, 1, rng);
@@ -56,36 +82,39 @@ TEST(Bf16Packing, KvHeadMatchesTheIndexFunctionsWithZeroPadding) {
     const std::vector<Padding> paddings = {{"avx512_bf16", round_up(d, 2), round_up(dv, 16), round_up(M, 16)},
                                            {"amx", round_up(d, 32), round_up(dv, 16), round_up(M, 16) + 16}};
     for (const Padding& pad : paddings) {
-      for (int64_t b = 0; b < B; ++b) {
-        for (int64_t h = 0; h < Hkv; ++h) {
-          SCOPED_TRACE(testing::Message() << pad.kernel << " B " << B << " M " << M << " Hkv " << Hkv << " d " << d
-                                          << " dv " << dv << " head (" << b << ", " << h << ")");
-          std::vector<bf16> kp(static_cast<size_t>(pad.Mp * pad.dp), bf16{0x7fc0}),
-              vp(static_cast<size_t>(pad.Mp * pad.dvp), bf16{0x7fc0});  // NaN: stale contents must go
-          detail::pack_kv_head(k.t, v.t, b, h, pad.Mp, pad.dp, pad.dvp, kp.data(), vp.data());
-          std::vector<bool> k_used(kp.size()), v_used(vp.size());
-          for (int64_t j = 0; j < M; ++j) {
-            for (int64_t c = 0; c < d; ++c) {
-              const int64_t at = packed_k_index(j, c, pad.dp);
-              ASSERT_LT(at, static_cast<int64_t>(kp.size()));
-              ASSERT_EQ(kp[static_cast<size_t>(at)].bits, k.at(b, j, h, c)) << "K key " << j << " dim " << c;
-              k_used[static_cast<size_t>(at)] = true;
+      for (const KPacker& packer : packers) {
+        for (int64_t b = 0; b < B; ++b) {
+          for (int64_t h = 0; h < Hkv; ++h) {
+            SCOPED_TRACE(testing::Message()
+                         << pad.kernel << " K packer " << packer.name << " B " << B << " M " << M << " Hkv " << Hkv
+                         << " d " << d << " dv " << dv << " head (" << b << ", " << h << ")");
+            std::vector<bf16> kp(static_cast<size_t>(pad.Mp * pad.dp), bf16{0x7fc0}),
+                vp(static_cast<size_t>(pad.Mp * pad.dvp), bf16{0x7fc0});  // NaN: stale contents must go
+            detail::pack_kv_head(k.t, v.t, b, h, pad.Mp, pad.dp, pad.dvp, kp.data(), vp.data(), packer.pack);
+            std::vector<bool> k_used(kp.size()), v_used(vp.size());
+            for (int64_t j = 0; j < M; ++j) {
+              for (int64_t c = 0; c < d; ++c) {
+                const int64_t at = packed_k_index(j, c, pad.dp);
+                ASSERT_LT(at, static_cast<int64_t>(kp.size()));
+                ASSERT_EQ(kp[static_cast<size_t>(at)].bits, k.at(b, j, h, c)) << "K key " << j << " dim " << c;
+                k_used[static_cast<size_t>(at)] = true;
+              }
+              for (int64_t c = 0; c < dv; ++c) {
+                const int64_t at = packed_v_index(j, c, pad.dvp);
+                ASSERT_LT(at, static_cast<int64_t>(vp.size()));
+                ASSERT_EQ(vp[static_cast<size_t>(at)].bits, v.at(b, j, h, c)) << "V key " << j << " column " << c;
+                v_used[static_cast<size_t>(at)] = true;
+              }
             }
-            for (int64_t c = 0; c < dv; ++c) {
-              const int64_t at = packed_v_index(j, c, pad.dvp);
-              ASSERT_LT(at, static_cast<int64_t>(vp.size()));
-              ASSERT_EQ(vp[static_cast<size_t>(at)].bits, v.at(b, j, h, c)) << "V key " << j << " column " << c;
-              v_used[static_cast<size_t>(at)] = true;
-            }
+            for (size_t i = 0; i < kp.size(); ++i)
+              if (!k_used[i]) {
+                ASSERT_EQ(kp[i].bits, 0) << "K padding at " << i;
+              }
+            for (size_t i = 0; i < vp.size(); ++i)
+              if (!v_used[i]) {
+                ASSERT_EQ(vp[i].bits, 0) << "V padding at " << i;
+              }
           }
-          for (size_t i = 0; i < kp.size(); ++i)
-            if (!k_used[i]) {
-              ASSERT_EQ(kp[i].bits, 0) << "K padding at " << i;
-            }
-          for (size_t i = 0; i < vp.size(); ++i)
-            if (!v_used[i]) {
-              ASSERT_EQ(vp[i].bits, 0) << "V padding at " << i;
-            }
         }
       }
     }

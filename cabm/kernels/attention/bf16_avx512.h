@@ -145,6 +145,52 @@ CABM_AVX512_BF16 inline void pv_avx512(const bf16* pt, int64_t ldp, int64_t ni, 
   }
 }
 
+// t[i] = column i of the 16 × 16 matrix of 32-bit elements whose rows t held.
+CABM_AVX512_BF16 inline void transpose_16x16_epi32(__m512i (&t)[16]) {
+  __m512i a[16], b[16];
+  for (int i = 0; i < 16; i += 2) {  // per 128-bit lane j: rows i, i+1 of columns 4j…4j+3, interleaved
+    a[i] = _mm512_unpacklo_epi32(t[i], t[i + 1]);
+    a[i + 1] = _mm512_unpackhi_epi32(t[i], t[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // b[i + k], lane j: rows i…i+3 of column 4j + k
+    b[i] = _mm512_unpacklo_epi64(a[i], a[i + 2]);
+    b[i + 1] = _mm512_unpackhi_epi64(a[i], a[i + 2]);
+    b[i + 2] = _mm512_unpacklo_epi64(a[i + 1], a[i + 3]);
+    b[i + 3] = _mm512_unpackhi_epi64(a[i + 1], a[i + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {  // column 4j + k gathers lane j of b[k], b[4 + k], b[8 + k], b[12 + k]
+    const __m512i lo01 = _mm512_shuffle_i32x4(b[k], b[4 + k], 0x88), hi01 = _mm512_shuffle_i32x4(b[k], b[4 + k], 0xdd);
+    const __m512i lo23 = _mm512_shuffle_i32x4(b[8 + k], b[12 + k], 0x88),
+                  hi23 = _mm512_shuffle_i32x4(b[8 + k], b[12 + k], 0xdd);
+    t[k] = _mm512_shuffle_i32x4(lo01, lo23, 0x88);
+    t[4 + k] = _mm512_shuffle_i32x4(hi01, hi23, 0x88);
+    t[8 + k] = _mm512_shuffle_i32x4(lo01, lo23, 0xdd);
+    t[12 + k] = _mm512_shuffle_i32x4(hi01, hi23, 0xdd);
+  }
+}
+
+// pack_row_blocks (attention/bf16_packing.h) with the same result, 16 rows × 16 column pairs at a
+// time: each pair is a 32-bit element, so a 16-key block of pairs is the transpose of a 16 × 16
+// matrix of 32-bit elements (four rounds of unpack/shuffle instead of 256 scalar moves). Rows past
+// n and columns past cols load as zero (masked loads, which do not touch memory they mask off).
+CABM_AVX512_BF16 inline void pack_row_blocks_avx512(const bf16* src, int64_t stride, int64_t n, int64_t cols,
+                                                    int64_t n16, int64_t cols2, bf16* out) {
+  const int64_t pairs = cols2 / 2;
+  for (int64_t r0 = 0; r0 < n16; r0 += kPackedKeyBlock) {
+    bf16* block = out + (r0 / kPackedKeyBlock) * pairs * kPackedKeyBlock * 2;
+    for (int64_t c0 = 0; c0 < pairs; c0 += 16) {
+      const int64_t live = std::clamp<int64_t>(cols - 2 * c0, 0, 32);  // elements of the 16 pairs in the row
+      const __mmask32 mask = live == 32 ? ~__mmask32{0} : (__mmask32{1} << live) - 1;
+      __m512i t[16];
+      for (int i = 0; i < 16; ++i)
+        t[i] = r0 + i < n ? _mm512_maskz_loadu_epi16(mask, src + (r0 + i) * stride + 2 * c0) : _mm512_setzero_si512();
+      transpose_16x16_epi32(t);
+      const int64_t np = std::min<int64_t>(16, pairs - c0);
+      for (int64_t c = 0; c < np; ++c) _mm512_storeu_si512(block + (c0 + c) * kPackedKeyBlock * 2, t[c]);
+    }
+  }
+}
+
 // 2^x for x <= 0 (−inf → 0): the Cephes exp2f polynomial of simd.h (copied: that header
 // picks its ISA at compile time, and this code is compiled for AVX-512 by attribute only).
 CABM_AVX512_BF16 inline __m512 exp2_nonpositive(__m512 x) {
@@ -165,8 +211,8 @@ CABM_AVX512_BF16 inline __m512 exp2_nonpositive(__m512 x) {
 // tile's dropout factors, or null) and P rounded to bf16 into p [0, nk16). P is never subnormal
 // (exp2_nonpositive, z >= 1), so vcvtneps2bf16 rounds it exactly as float_to_bf16 does.
 CABM_AVX512_BF16 inline void softmax_rows_avx512(float* s, int64_t lds, int64_t ni, int64_t nk16, const float* mask,
-                                                 const float* z, float qscale, bf16* p, int64_t ldp, float* m,
-                                                 float* l, float* alpha) {
+                                                 const float* z, float qscale, bf16* p, int64_t ldp, float* m, float* l,
+                                                 float* alpha) {
   const __m512 qs = _mm512_set1_ps(qscale);
   for (int64_t r = 0; r < ni; ++r) {
     float* x = s + r * lds;
@@ -230,9 +276,9 @@ CABM_AVX512_BF16 void scores_softmax_block(const bf16* qp, int64_t dp, const bf1
 }
 
 // The fused step over a tile of ni rows and nk16 <= kFusedKeyBlocks·16 keys, 4 rows at a time.
-CABM_AVX512_BF16 inline void scores_softmax_avx512(const bf16* qp, int64_t ni, const bf16* kp, int64_t j0,
-                                                   int64_t nk16, int64_t dp, const float* mask, const float* z,
-                                                   int64_t lds, float qscale, bf16* p, int64_t ldp, float* m, float* l,
+CABM_AVX512_BF16 inline void scores_softmax_avx512(const bf16* qp, int64_t ni, const bf16* kp, int64_t j0, int64_t nk16,
+                                                   int64_t dp, const float* mask, const float* z, int64_t lds,
+                                                   float qscale, bf16* p, int64_t ldp, float* m, float* l,
                                                    float* alpha) {
   constexpr int kRows = 4;
   const bf16* kb = kp + (j0 / kPackedKeyBlock) * (dp / 2) * kPackedKeyBlock * 2;

@@ -98,10 +98,13 @@ inline void pack_row_blocks(const bf16* src, int64_t stride, int64_t n, int64_t 
 
 // Packs key/value head (b, h) of k [B, M, Hkv, d] and v [B, M, Hkv, dv] into kp [Mp · dp] and
 // vp [Mp · dvp]: once per key/value head, whatever number of query heads read it (GQA).
+// pack_k: pack_row_blocks, or a function with its contract (pack_row_blocks_avx512).
+using RowBlockPacker = void (*)(const bf16* src, int64_t stride, int64_t n, int64_t cols, int64_t n16, int64_t cols2,
+                                bf16* out);
 inline void pack_kv_head(const Tensor& k, const Tensor& v, int64_t b, int64_t h, int64_t Mp, int64_t dp, int64_t dvp,
-                         bf16* kp, bf16* vp) {
+                         bf16* kp, bf16* vp, RowBlockPacker pack_k = pack_row_blocks) {
   const int64_t M = k.size(1), d = k.size(3), dv = v.size(3);
-  pack_row_blocks(bf16_head_ptr(k, b, h), k.stride(1), M, d, Mp, dp, kp);
+  pack_k(bf16_head_ptr(k, b, h), k.stride(1), M, d, Mp, dp, kp);
   std::fill_n(vp, Mp * dvp, bf16{0});
   const bf16* vs = bf16_head_ptr(v, b, h);
   const int64_t stride = v.stride(1);

@@ -452,11 +452,15 @@ void attention_flash_bf16_forward(const Tensor& q, const Tensor& k, const Tensor
   // Once per key/value head: the query heads of a group read the same packed K and V.
   const detail::PackedKV packed = detail::packed_kv_storage(p.B * p.Hkv * p.Mp * p.dp, p.B * p.Hkv * p.Mp * p.dvp);
   bf16 *const kp = packed.k, *const vp = packed.v;
+  detail::RowBlockPacker pack_k = detail::pack_row_blocks;
+#if defined(CABM_HAVE_AVX512_BF16_CODE)
+  if (path != Path::kPortable) pack_k = detail::pack_row_blocks_avx512;  // every other path runs AVX512_BF16
+#endif
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < p.B; ++b)
     for (int64_t h = 0; h < p.Hkv; ++h)
       detail::pack_kv_head(k, v, b, h, p.Mp, p.dp, p.dvp, kp + (b * p.Hkv + h) * p.Mp * p.dp,
-                           vp + (b * p.Hkv + h) * p.Mp * p.dvp);
+                           vp + (b * p.Hkv + h) * p.Mp * p.dvp, pack_k);
   const Args args{q, out, kp, vp, lse ? lse->data<float>() : nullptr, options, mask, variants, p};
 
   // Head by head, heaviest first within a head (see forward_work_items).

@@ -289,8 +289,8 @@ void backward_kv_head(const Args& args, Buffers& buf, int64_t b, int64_t hk) {
   for (int64_t j0 = 0; j0 < p.M; j0 += p.block_k) {
     const int64_t nk = std::min(p.block_k, p.M - j0), nk16 = round_up(nk, kBlock), nk_in = round_up(nk, p.inner);
     const Range keys{j0, j0 + nk};
-    pack_row_blocks(kh + j0 * k.stride(1), k.stride(1), nk, p.d, nk16, p.d_in, buf.kblocks.data());
-    pack_row_blocks(vh + j0 * v.stride(1), v.stride(1), nk, p.dv, nk16, p.dv_in, buf.vblocks.data());
+    pack_row_blocks_avx512(kh + j0 * k.stride(1), k.stride(1), nk, p.d, nk16, p.d_in, buf.kblocks.data());
+    pack_row_blocks_avx512(vh + j0 * v.stride(1), v.stride(1), nk, p.dv, nk16, p.dv_in, buf.vblocks.data());
     pack_row_pairs(kh + j0 * k.stride(1), k.stride(1), nk, p.d, round_up(nk16, p.inner), p.dqp, buf.kpairs.data());
     std::fill(buf.dkt.begin(), buf.dkt.end(), 0.0f);
     std::fill(buf.dvt.begin(), buf.dvt.end(), 0.0f);
