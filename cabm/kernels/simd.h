@@ -84,10 +84,11 @@ inline Vec copy_sign(Vec magnitude, Vec sign) {
                                                          _mm512_castps_si512(sign.v), 0xca))};
 }
 
+// No clamp before the polynomial: the lanes it would change (below −127, −inf: f is NaN there) are
+// the ones the final mask sets to 0 anyway.
 inline Vec exp2_nonpositive(Vec x) {
-  const __m512 xc = _mm512_max_ps(x.v, _mm512_set1_ps(-127.0f));
-  const __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(xc, n);
+  const __m512 n = _mm512_roundscale_ps(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x.v, n);
   __m512 p = _mm512_set1_ps(kExp2Poly[0]);
   for (int c = 1; c < 6; ++c) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2Poly[c]));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
@@ -159,10 +160,10 @@ inline Vec copy_sign(Vec magnitude, Vec sign) {
   return {_mm256_or_ps(_mm256_andnot_ps(s, magnitude.v), _mm256_and_ps(s, sign.v))};
 }
 
+// No clamp before the polynomial (as the AVX-512 flavour): lanes below −126 are masked to 0.
 inline Vec exp2_nonpositive(Vec x) {
-  const __m256 xc = _mm256_max_ps(x.v, _mm256_set1_ps(-127.0f));
-  const __m256 n = _mm256_round_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 f = _mm256_sub_ps(xc, n);
+  const __m256 n = _mm256_round_ps(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(x.v, n);
   __m256 p = _mm256_set1_ps(kExp2Poly[0]);
   for (int c = 1; c < 6; ++c) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Poly[c]));
   p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
