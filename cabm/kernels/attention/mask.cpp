@@ -83,7 +83,9 @@ bool Mask::empty() const {
 
 Tensor broadcast_to_bhnm(const Tensor& t, int64_t B, int64_t H, int64_t N, int64_t M, const char* what) {
   const Shape target = {B, H, N, M};
-  if (t.dim() > 4) throw Error(fmt::format("{} has shape {}, which does not broadcast to {}", what, shape_str(t.shape()), shape_str(target)));
+  if (t.dim() > 4)
+    throw Error(
+        fmt::format("{} has shape {}, which does not broadcast to {}", what, shape_str(t.shape()), shape_str(target)));
   Shape strides(4, 0);
   const int64_t pad = 4 - t.dim();
   for (int64_t axis = 0; axis < t.dim(); ++axis) {
@@ -134,45 +136,42 @@ bool Mask::structurally_allows(int64_t b, int64_t h, int64_t i, int64_t j, int64
   return true;
 }
 
-ResolvedMask::ResolvedMask(const Mask& mask, int64_t B, int64_t H, int64_t N, int64_t M)
-    : mask_(mask), N_(N), M_(M) {
+ResolvedMask::ResolvedMask(const Mask& mask, int64_t B, int64_t H, int64_t N, int64_t M) : mask_(mask), N_(N), M_(M) {
   mask.validate(B, H, N, M);
   for (const Tensor& t : mask.allowed()) allowed_.push_back(broadcast_to_bhnm(t, B, H, N, M, "allow mask"));
   for (const Tensor& t : mask.biases()) biases_.push_back(broadcast_to_bhnm(t, B, H, N, M, "additive mask"));
+  for (const Tensor& t : allowed_)
+    allowed_at_.push_back({t.data<uint8_t>(), t.stride(0), t.stride(1), t.stride(2), t.stride(3)});
+  for (const Tensor& t : biases_)
+    biases_at_.push_back({t.data<float>(), t.stride(0), t.stride(1), t.stride(2), t.stride(3)});
 }
 
 bool ResolvedMask::allows(int64_t b, int64_t h, int64_t i, int64_t j) const {
   if (!mask_.structurally_allows(b, h, i, j, N_, M_)) return false;
-  for (const Tensor& t : allowed_) {
-    const int64_t offset = b * t.stride(0) + h * t.stride(1) + i * t.stride(2) + j * t.stride(3);
-    if (!t.data<uint8_t>()[offset]) return false;
-  }
+  for (const Elements<uint8_t>& t : allowed_at_)
+    if (!t.at(b, h, i, j)) return false;
   return true;
 }
 
+float ResolvedMask::term(int64_t b, int64_t h, int64_t i, int64_t j) const {
+  if (!allows(b, h, i, j)) return -INFINITY;
+  float bias = 0.0f;
+  for (const Elements<float>& t : biases_at_) bias += t.at(b, h, i, j);
+  return bias;
+}
+
 void ResolvedMask::fill_row(int64_t b, int64_t h, int64_t i, float* row) const {
-  for (int64_t j = 0; j < M_; ++j) {
-    if (!allows(b, h, i, j)) {
-      row[j] = -INFINITY;
-      continue;
-    }
-    float bias = 0.0f;
-    for (const Tensor& t : biases_)
-      bias += t.data<float>()[b * t.stride(0) + h * t.stride(1) + i * t.stride(2) + j * t.stride(3)];
-    row[j] = bias;
-  }
+  for (int64_t j = 0; j < M_; ++j) row[j] = term(b, h, i, j);
 }
 
 std::vector<uint8_t> fully_masked_query_rows(const Mask& mask, int64_t B, int64_t H, int64_t N, int64_t M) {
   const ResolvedMask resolved(mask, B, H, N, M);
   std::vector<uint8_t> flags(static_cast<size_t>(B * N), 0);
-  std::vector<float> row(static_cast<size_t>(M));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t i = 0; i < N; ++i) {
-        resolved.fill_row(b, h, i, row.data());
-        bool any = false;
-        for (int64_t j = 0; j < M && !any; ++j) any = row[j] != -INFINITY;
+        bool any = false;  // stops at the row's first attendable key
+        for (int64_t j = 0; j < M && !any; ++j) any = resolved.term(b, h, i, j) != -INFINITY;
         if (!any) flags[b * N + i] = 1;
       }
   return flags;

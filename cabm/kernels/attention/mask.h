@@ -87,14 +87,27 @@ class ResolvedMask {
 
   // Writes the additive term of row (b, h, i) into row[0..M): bias sum, or −inf where blocked.
   void fill_row(int64_t b, int64_t h, int64_t i, float* row) const;
+  // The additive term of one element (as fill_row writes it).
+  float term(int64_t b, int64_t h, int64_t i, int64_t j) const;
   bool allows(int64_t b, int64_t h, int64_t i, int64_t j) const;
   bool has_bias() const { return !biases_.empty(); }
 
  private:
+  // An element of a [B, H, N, M] view by index arithmetic alone (Tensor's checked accessors are
+  // calls: too slow once per element); points into the views below.
+  template <typename T>
+  struct Elements {
+    const T* data;
+    int64_t sb, sh, si, sj;
+    T at(int64_t b, int64_t h, int64_t i, int64_t j) const { return data[b * sb + h * sh + i * si + j * sj]; }
+  };
+
   Mask mask_;  // a copy (tensors are shared): a ResolvedMask may outlive the Mask it came from
   int64_t N_, M_;
   std::vector<Tensor> allowed_;  // BOOL [B, H, N, M] views
   std::vector<Tensor> biases_;   // F32 [B, H, N, M] views
+  std::vector<Elements<uint8_t>> allowed_at_;
+  std::vector<Elements<float>> biases_at_;
 };
 
 // flags[b·N + i] = 1 where query row i of batch item b has no attendable key in at least one
