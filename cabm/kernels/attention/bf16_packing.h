@@ -10,6 +10,7 @@
 
 #include "cabm/core/error.h"
 #include "cabm/core/tensor.h"
+#include "cabm/kernels/attention/head_rows.h"
 
 #include <algorithm>
 #include <bit>
@@ -39,17 +40,6 @@ inline int64_t packed_v_index(int64_t j, int64_t c, int64_t dvp) {
 // Element [b, 0, h, 0] of a BF16 [B, L, H, d] view.
 inline const bf16* bf16_head_ptr(const Tensor& t, int64_t b, int64_t h) {
   return t.data<bf16>() + b * t.stride(0) + h * t.stride(2);
-}
-
-// The rows of head (b, h) of an F32 [B, L, H, n] view: row r at data + r · stride. Taken once per
-// head: Tensor's checked accessors cost more than a short row's work when called per row.
-struct F32HeadRows {
-  float* data;
-  int64_t stride;
-  float* row(int64_t r) const { return data + r * stride; }
-};
-inline F32HeadRows f32_head_rows(const Tensor& t, int64_t b, int64_t h) {
-  return {t.data<float>() + b * t.stride(0) + h * t.stride(2), t.stride(1)};
 }
 
 // Room for a call's packed K (nk elements) and V (nv elements), shared by the call's threads,

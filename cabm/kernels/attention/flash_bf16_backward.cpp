@@ -214,7 +214,7 @@ void begin_query_head(const Args& args, Buffers& buf, int64_t b, int64_t h, int6
   backward_row_terms(args.saved, args.dout, b, h, buf.delta.data() + u * p.N, buf.lse2.data() + u * p.N);
   const bf16* qh = bf16_head_ptr(q, b, h);
   const int64_t q_stride = q.stride(1);
-  const F32HeadRows g_rows = f32_head_rows(args.dout, b, h);
+  const HeadRows g_rows = head_rows(args.dout, b, h);
   for (int64_t i = 0; i < p.N; ++i) {
     const bf16* qi = qh + i * q_stride;
     std::copy_n(qi, p.d, qrows + i * p.d_in);
@@ -285,7 +285,7 @@ void backward_kv_head(const Args& args, Buffers& buf, int64_t b, int64_t hk) {
   for (int64_t u = 0; u < p.group; ++u) begin_query_head<Products>(args, buf, b, hk * p.group + u, u);
   const Tensor &k = args.saved.k, &v = args.saved.v;
   const bf16 *kh = bf16_head_ptr(k, b, hk), *vh = bf16_head_ptr(v, b, hk);
-  const F32HeadRows dk_rows = f32_head_rows(args.grads.dk, b, hk), dv_rows = f32_head_rows(args.grads.dv, b, hk);
+  const HeadRows dk_rows = head_rows(args.grads.dk, b, hk), dv_rows = head_rows(args.grads.dv, b, hk);
   for (int64_t j0 = 0; j0 < p.M; j0 += p.block_k) {
     const int64_t nk = std::min(p.block_k, p.M - j0), nk16 = round_up(nk, kBlock), nk_in = round_up(nk, p.inner);
     const Range keys{j0, j0 + nk};
@@ -330,7 +330,7 @@ void backward_kv_head(const Args& args, Buffers& buf, int64_t b, int64_t hk) {
     }
   }
   for (int64_t u = 0; u < p.group; ++u) {
-    const F32HeadRows dq_rows = f32_head_rows(args.grads.dq, b, hk * p.group + u);
+    const HeadRows dq_rows = head_rows(args.grads.dq, b, hk * p.group + u);
     for (int64_t i = 0; i < p.N; ++i) {
       float* dqrow = dq_rows.row(i);
       for (int64_t e = 0; e < p.d; ++e) dqrow[e] = buf.dq[(u * p.rows + i) * p.dqp + e] * p.scale;

@@ -35,7 +35,7 @@ void backward_row_terms(const AttentionSaved& saved, const Tensor& dout, int64_t
   const Tensor& o = saved.out;
   const int64_t N = o.size(1), H = o.size(2), dv = o.size(3);
   const float* lse = saved.lse.data<float>() + (b * H + h) * N;
-  const F32HeadRows g_rows = f32_head_rows(dout, b, h), o_rows = f32_head_rows(o, b, h);
+  const HeadRows g_rows = head_rows(dout, b, h), o_rows = head_rows(o, b, h);
   constexpr int kParts = 8;  // partial sums over the columns c ≡ k (mod 8): a dot the compiler vectorizes
   for (int64_t i = 0; i < N; ++i) {
     const float *gi = g_rows.row(i), *oi = o_rows.row(i);
@@ -103,7 +103,7 @@ void backward_query_head_portable(const BackwardArgs& args, BackwardBuffers& buf
   const Tensor& q = args.saved.q;
   bf16_to_float_2d(bf16_head_ptr(q, b, h), q.stride(1), buf.q.data(), d, N, d);
   backward_row_terms(args.saved, args.dout, b, h, buf.delta.data(), buf.lse2.data());
-  const F32HeadRows g_rows = f32_head_rows(args.dout, b, h);
+  const HeadRows g_rows = head_rows(args.dout, b, h);
   for (int64_t i = 0; i < N; ++i) {
     const float* gi = g_rows.row(i);
     for (int64_t c = 0; c < dv; ++c) buf.g[i * dv + c] = round_bf16(gi[c]);
@@ -170,7 +170,7 @@ void backward_query_head_portable(const BackwardArgs& args, BackwardBuffers& buf
       }
     }
   }
-  const F32HeadRows dq_rows = f32_head_rows(args.grads.dq, b, h);
+  const HeadRows dq_rows = head_rows(args.grads.dq, b, h);
   for (int64_t i = 0; i < N; ++i) {
     float* dqrow = dq_rows.row(i);
     for (int64_t e = 0; e < d; ++e) dqrow[e] = buf.dq[i * d + e] * p.scale;
@@ -186,7 +186,7 @@ void backward_kv_head_portable(const BackwardArgs& args, BackwardBuffers& buf, i
   std::fill(buf.dv.begin(), buf.dv.end(), 0.0f);
   const int64_t group = p.H / p.Hkv;
   for (int64_t h = hk * group; h < (hk + 1) * group; ++h) backward_query_head_portable(args, buf, b, h);
-  const F32HeadRows dk_rows = f32_head_rows(args.grads.dk, b, hk), dv_rows = f32_head_rows(args.grads.dv, b, hk);
+  const HeadRows dk_rows = head_rows(args.grads.dk, b, hk), dv_rows = head_rows(args.grads.dv, b, hk);
   for (int64_t j = 0; j < p.M; ++j) {
     float* dkrow = dk_rows.row(j);
     for (int64_t e = 0; e < p.d; ++e) dkrow[e] = buf.dk[j * p.d + e] * p.scale;

@@ -12,6 +12,7 @@
 #include "cabm/core/error.h"
 #include "cabm/core/tensor.h"
 #include "cabm/kernels/attention/flash.h"
+#include "cabm/kernels/attention/head_rows.h"
 #include "cabm/kernels/attention/score_variants.h"
 #include "cabm/kernels/bf16.h"
 #include "cabm/kernels/attention/tile_mask.h"
@@ -82,15 +83,8 @@ inline float* scratch(Slot slot, int64_t n) {
   return buffer.get();
 }
 
-// A head's rows of a [B, L, H, d] view: row r at data + r · stride.
-struct HeadRows {
-  float* data;
-  int64_t stride;
-  const float* row(int64_t r) const { return data + r * stride; }
-};
-inline HeadRows head_rows(const Tensor& t, int64_t b, int64_t h) {
-  return {t.data<float>() + b * t.stride(0) + h * t.stride(2), t.stride(1)};
-}
+using detail::head_rows;
+using detail::HeadRows;
 
 // The inputs q, k, v have elements of type T: float, or bf16 for the bf16 kernels' SIMD path
 // (attention/flash_detail.h). bf16 is widened exactly (a 16-bit shift) whenever a tile is packed,
