@@ -140,15 +140,13 @@ ResolvedMask::ResolvedMask(const Mask& mask, int64_t B, int64_t H, int64_t N, in
   mask.validate(B, H, N, M);
   for (const Tensor& t : mask.allowed()) allowed_.push_back(broadcast_to_bhnm(t, B, H, N, M, "allow mask"));
   for (const Tensor& t : mask.biases()) biases_.push_back(broadcast_to_bhnm(t, B, H, N, M, "additive mask"));
-  for (const Tensor& t : allowed_)
-    allowed_at_.push_back({t.data<uint8_t>(), t.stride(0), t.stride(1), t.stride(2), t.stride(3)});
-  for (const Tensor& t : biases_)
-    biases_at_.push_back({t.data<float>(), t.stride(0), t.stride(1), t.stride(2), t.stride(3)});
+  for (const Tensor& t : allowed_) allowed_at_.push_back(detail::MaskElements<uint8_t>::of(t));
+  for (const Tensor& t : biases_) biases_at_.push_back(detail::MaskElements<float>::of(t));
 }
 
 bool ResolvedMask::allows(int64_t b, int64_t h, int64_t i, int64_t j) const {
   if (!mask_.structurally_allows(b, h, i, j, N_, M_)) return false;
-  for (const Elements<uint8_t>& t : allowed_at_)
+  for (const detail::MaskElements<uint8_t>& t : allowed_at_)
     if (!t.at(b, h, i, j)) return false;
   return true;
 }
@@ -156,7 +154,7 @@ bool ResolvedMask::allows(int64_t b, int64_t h, int64_t i, int64_t j) const {
 float ResolvedMask::term(int64_t b, int64_t h, int64_t i, int64_t j) const {
   if (!allows(b, h, i, j)) return -INFINITY;
   float bias = 0.0f;
-  for (const Elements<float>& t : biases_at_) bias += t.at(b, h, i, j);
+  for (const detail::MaskElements<float>& t : biases_at_) bias += t.at(b, h, i, j);
   return bias;
 }
 

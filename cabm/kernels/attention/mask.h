@@ -79,6 +79,19 @@ class Mask {
   std::vector<Tensor> biases_;
 };
 
+namespace detail {
+// The elements of a 4-d [B, H, N, M] view by index arithmetic alone, for the masks' per-element
+// lookups (Tensor's checked accessors are calls: too slow once per element). Points into the
+// view's storage, which its owner keeps alive.
+template <typename T>
+struct MaskElements {
+  const T* data;
+  int64_t sb, sh, si, sj;
+  static MaskElements of(const Tensor& t) { return {t.data<T>(), t.stride(0), t.stride(1), t.stride(2), t.stride(3)}; }
+  T at(int64_t b, int64_t h, int64_t i, int64_t j) const { return data[b * sb + h * sh + i * si + j * sj]; }
+};
+}  // namespace detail
+
 // A Mask resolved against concrete sizes: tensor parts become 4-d views with zero strides
 // on broadcast axes. Used by kernels to evaluate one row at a time.
 class ResolvedMask {
@@ -93,21 +106,12 @@ class ResolvedMask {
   bool has_bias() const { return !biases_.empty(); }
 
  private:
-  // An element of a [B, H, N, M] view by index arithmetic alone (Tensor's checked accessors are
-  // calls: too slow once per element); points into the views below.
-  template <typename T>
-  struct Elements {
-    const T* data;
-    int64_t sb, sh, si, sj;
-    T at(int64_t b, int64_t h, int64_t i, int64_t j) const { return data[b * sb + h * sh + i * si + j * sj]; }
-  };
-
   Mask mask_;  // a copy (tensors are shared): a ResolvedMask may outlive the Mask it came from
   int64_t N_, M_;
   std::vector<Tensor> allowed_;  // BOOL [B, H, N, M] views
   std::vector<Tensor> biases_;   // F32 [B, H, N, M] views
-  std::vector<Elements<uint8_t>> allowed_at_;
-  std::vector<Elements<float>> biases_at_;
+  std::vector<detail::MaskElements<uint8_t>> allowed_at_;
+  std::vector<detail::MaskElements<float>> biases_at_;
 };
 
 // flags[b·N + i] = 1 where query row i of batch item b has no attendable key in at least one

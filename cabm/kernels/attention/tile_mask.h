@@ -32,8 +32,8 @@ class TileMask {
     mask.validate(B, H, N, M);
     for (const Tensor& t : mask.allowed()) allowed_.push_back(broadcast_to_bhnm(t, B, H, N, M, "allow mask"));
     for (const Tensor& t : mask.biases()) biases_.push_back(broadcast_to_bhnm(t, B, H, N, M, "additive mask"));
-    for (const Tensor& t : allowed_) allowed_views_.push_back(element_view<uint8_t>(t));
-    for (const Tensor& t : biases_) bias_views_.push_back(element_view<float>(t));
+    for (const Tensor& t : allowed_) allowed_views_.push_back(detail::MaskElements<uint8_t>::of(t));
+    for (const Tensor& t : biases_) bias_views_.push_back(detail::MaskElements<float>::of(t));
     for (const BlockSparseLayout& layout : mask.block_layouts()) {
       const Tensor& blocks = layout.blocks;
       block_views_.push_back({blocks.data<uint8_t>(), blocks.size(0) == 1 ? 0 : blocks.stride(0), blocks.stride(1),
@@ -146,31 +146,20 @@ class TileMask {
           allowed =
               blocks.data[h * blocks.sh + (i / blocks.block_q) * blocks.sq + (j / blocks.block_k) * blocks.sk] != 0;
         }
-        for (const ElementView<uint8_t>& t : allowed_views_) {
+        for (const detail::MaskElements<uint8_t>& t : allowed_views_) {
           if (!allowed) break;
           allowed = t.at(b, h, i, j) != 0;
         }
         float bias = 0.0f;
-        for (const ElementView<float>& t : bias_views_) bias += t.at(b, h, i, j);
+        for (const detail::MaskElements<float>& t : bias_views_) bias += t.at(b, h, i, j);
         e = allowed ? bias * bias_scale : -INFINITY;
       }
     }
   }
 
  private:
-  // Elements of a [B, H, N, M] view, and a block layout's entries, by index arithmetic alone:
-  // Tensor's checked accessors are calls, too slow once per element. They point into the views
-  // below (whose storage this object shares).
-  template <typename T>
-  struct ElementView {
-    const T* data;
-    int64_t sb, sh, si, sj;
-    T at(int64_t b, int64_t h, int64_t i, int64_t j) const { return data[b * sb + h * sh + i * si + j * sj]; }
-  };
-  template <typename T>
-  static ElementView<T> element_view(const Tensor& t) {
-    return {t.data<T>(), t.stride(0), t.stride(1), t.stride(2), t.stride(3)};
-  }
+  // A block layout's entries by index arithmetic alone (as detail::MaskElements for tensors);
+  // points into the layouts' storage, which mask_ shares.
   struct BlockView {
     const uint8_t* data;
     int64_t sh, sq, sk;  // sh 0: one layout for every head
@@ -181,8 +170,8 @@ class TileMask {
   int64_t N_, M_;
   std::vector<Tensor> allowed_;  // BOOL [B, H, N, M] views
   std::vector<Tensor> biases_;   // F32 [B, H, N, M] views
-  std::vector<ElementView<uint8_t>> allowed_views_;
-  std::vector<ElementView<float>> bias_views_;
+  std::vector<detail::MaskElements<uint8_t>> allowed_views_;
+  std::vector<detail::MaskElements<float>> bias_views_;
   std::vector<BlockView> block_views_;
 };
 
