@@ -252,6 +252,11 @@ CABM_AVX512_BF16 void scores_softmax_block(const bf16* qp, int64_t dp, const bf1
   __m512 acc[MR][NV];
   scores_accumulate(qp, dp, kblock, acc);
   const __m512 qs = _mm512_set1_ps(qscale);
+  // Each phase runs over all MR rows before the next starts, so the rows' horizontal maxima,
+  // exponentials and sums are independent chains the core overlaps (row after row, each row's
+  // reduction latency was exposed). The operations on each element and their order within a
+  // row are unchanged: same bits.
+  float m_new[MR];
   for (int r = 0; r < MR; ++r) {
     __m512 vmax = _mm512_set1_ps(-INFINITY);
     for (int v = 0; v < NV; ++v) {
@@ -259,19 +264,24 @@ CABM_AVX512_BF16 void scores_softmax_block(const bf16* qp, int64_t dp, const bf1
       if constexpr (kMask) acc[r][v] = _mm512_add_ps(acc[r][v], _mm512_loadu_ps(mask + r * lds + v * 16));
       vmax = _mm512_max_ps(vmax, acc[r][v]);
     }
-    const float m_new = std::max(m[r], _mm512_reduce_max_ps(vmax));
-    const __m512 mv = _mm512_set1_ps(m_new);
-    __m512 vsum = _mm512_setzero_ps();
+    m_new[r] = std::max(m[r], _mm512_reduce_max_ps(vmax));
+  }
+  __m512 vsum[MR];
+  for (int r = 0; r < MR; ++r) {
+    const __m512 mv = _mm512_set1_ps(m_new[r]);
+    vsum[r] = _mm512_setzero_ps();
     for (int v = 0; v < NV; ++v) {
       __m512 e = exp2_nonpositive(_mm512_sub_ps(acc[r][v], mv));
-      vsum = _mm512_add_ps(vsum, e);
+      vsum[r] = _mm512_add_ps(vsum[r], e);
       if constexpr (kDropout) e = _mm512_mul_ps(e, _mm512_loadu_ps(z + r * lds + v * 16));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + r * ldp + v * 16),
                           reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
     }
-    alpha[r] = m_new == m[r] ? 1.0f : std::exp2(m[r] - m_new);  // the call is skipped once the maximum settles
-    l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(vsum);
-    m[r] = m_new;
+  }
+  for (int r = 0; r < MR; ++r) {
+    alpha[r] = m_new[r] == m[r] ? 1.0f : std::exp2(m[r] - m_new[r]);  // skipped once the maximum settles
+    l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(vsum[r]);
+    m[r] = m_new[r];
   }
 }
 
