@@ -152,10 +152,7 @@ bool ResolvedMask::allows(int64_t b, int64_t h, int64_t i, int64_t j) const {
 }
 
 float ResolvedMask::term(int64_t b, int64_t h, int64_t i, int64_t j) const {
-  if (!allows(b, h, i, j)) return -INFINITY;
-  float bias = 0.0f;
-  for (const detail::MaskElements<float>& t : biases_at_) bias += t.at(b, h, i, j);
-  return bias;
+  return mask_.structurally_allows(b, h, i, j, N_, M_) ? tensor_term(b, h, i, j) : -INFINITY;
 }
 
 void ResolvedMask::fill_row(int64_t b, int64_t h, int64_t i, float* row) const {

@@ -105,6 +105,18 @@ class ResolvedMask {
   bool allows(int64_t b, int64_t h, int64_t i, int64_t j) const;
   bool has_bias() const { return !biases_.empty(); }
 
+  const Mask& mask() const { return mask_; }
+  // The allow and additive tensors alone (not the structural parts): −inf where an allow tensor
+  // blocks (i, j), else the biases' sum. Inline: the tiled kernels call it once per element.
+  bool has_tensor_parts() const { return !allowed_at_.empty() || !biases_at_.empty(); }
+  float tensor_term(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    for (const detail::MaskElements<uint8_t>& t : allowed_at_)
+      if (!t.at(b, h, i, j)) return -std::numeric_limits<float>::infinity();
+    float bias = 0.0f;
+    for (const detail::MaskElements<float>& t : biases_at_) bias += t.at(b, h, i, j);
+    return bias;
+  }
+
  private:
   Mask mask_;  // a copy (tensors are shared): a ResolvedMask may outlive the Mask it came from
   int64_t N_, M_;

@@ -28,12 +28,8 @@ struct Range {
 
 class TileMask {
  public:
-  TileMask(const Mask& mask, int64_t B, int64_t H, int64_t N, int64_t M) : mask_(mask), N_(N), M_(M) {
-    mask.validate(B, H, N, M);
-    for (const Tensor& t : mask.allowed()) allowed_.push_back(broadcast_to_bhnm(t, B, H, N, M, "allow mask"));
-    for (const Tensor& t : mask.biases()) biases_.push_back(broadcast_to_bhnm(t, B, H, N, M, "additive mask"));
-    for (const Tensor& t : allowed_) allowed_views_.push_back(detail::MaskElements<uint8_t>::of(t));
-    for (const Tensor& t : biases_) bias_views_.push_back(detail::MaskElements<float>::of(t));
+  // resolved_ validates the mask and broadcasts its tensors; block layouts are looked up here.
+  TileMask(const Mask& mask, int64_t B, int64_t H, int64_t N, int64_t M) : resolved_(mask, B, H, N, M), N_(N), M_(M) {
     for (const BlockSparseLayout& layout : mask.block_layouts()) {
       const Tensor& blocks = layout.blocks;
       block_views_.push_back({blocks.data<uint8_t>(), blocks.size(0) == 1 ? 0 : blocks.stride(0), blocks.stride(1),
@@ -41,15 +37,15 @@ class TileMask {
     }
   }
 
-  bool per_element() const { return !allowed_.empty() || !biases_.empty(); }
+  bool per_element() const { return resolved_.has_tensor_parts(); }
 
-  int64_t lo(int64_t i) const { return std::max<int64_t>(0, i + M_ - N_ - mask_.window_left()); }
+  int64_t lo(int64_t i) const { return std::max<int64_t>(0, i + M_ - N_ - mask().window_left()); }
   int64_t hi(int64_t b, int64_t i) const {
     const int64_t p = i + M_ - N_;  // bottom-right position of query i among the keys
-    int64_t h = std::min(M_, p + mask_.window_right() + 1);
-    if (mask_.causal_align() == CausalAlign::kBottomRight) h = std::min(h, p + 1);
-    if (mask_.causal_align() == CausalAlign::kTopLeft) h = std::min(h, i + 1);
-    if (!mask_.key_lengths().empty()) h = std::min(h, mask_.key_lengths()[b]);
+    int64_t h = std::min(M_, p + mask().window_right() + 1);
+    if (mask().causal_align() == CausalAlign::kBottomRight) h = std::min(h, p + 1);
+    if (mask().causal_align() == CausalAlign::kTopLeft) h = std::min(h, i + 1);
+    if (!mask().key_lengths().empty()) h = std::min(h, mask().key_lengths()[b]);
     return h;
   }
 
@@ -93,7 +89,7 @@ class TileMask {
       full &= l <= keys.begin && u >= keys.end;
     }
     if (!any) return TileKind::kSkip;
-    for (const BlockSparseLayout& layout : mask_.block_layouts()) {
+    for (const BlockSparseLayout& layout : mask().block_layouts()) {
       const Tensor& blocks = layout.blocks;
       const uint8_t* p = blocks.data<uint8_t>() + (blocks.size(0) == 1 ? 0 : h) * blocks.stride(0);
       int64_t allowed = 0, total = 0;
@@ -134,7 +130,7 @@ class TileMask {
         for (int64_t r = 0; r < ni; ++r) out[r] = j >= lower[r] && j < upper[r] ? 0.0f : -INFINITY;
       }
     }
-    if (mask_.block_layouts().empty() && !per_element()) return;
+    if (mask().block_layouts().empty() && !per_element()) return;
     for (int64_t i = rows.begin; i < rows.end; ++i) {
       float* out = tile + (i - rows.begin) * row_step;
       for (int64_t j = keys.begin; j < keys.end; ++j) {
@@ -146,32 +142,25 @@ class TileMask {
           allowed =
               blocks.data[h * blocks.sh + (i / blocks.block_q) * blocks.sq + (j / blocks.block_k) * blocks.sk] != 0;
         }
-        for (const detail::MaskElements<uint8_t>& t : allowed_views_) {
-          if (!allowed) break;
-          allowed = t.at(b, h, i, j) != 0;
-        }
-        float bias = 0.0f;
-        for (const detail::MaskElements<float>& t : bias_views_) bias += t.at(b, h, i, j);
-        e = allowed ? bias * bias_scale : -INFINITY;
+        const float term = allowed ? resolved_.tensor_term(b, h, i, j) : -INFINITY;
+        e = term == -INFINITY ? -INFINITY : term * bias_scale;
       }
     }
   }
 
  private:
   // A block layout's entries by index arithmetic alone (as detail::MaskElements for tensors);
-  // points into the layouts' storage, which mask_ shares.
+  // points into the layouts' storage, which resolved_'s mask shares.
   struct BlockView {
     const uint8_t* data;
     int64_t sh, sq, sk;  // sh 0: one layout for every head
     int64_t block_q, block_k;
   };
 
-  Mask mask_;  // a copy: tensors are shared, so this is cheap and never dangles
+  const Mask& mask() const { return resolved_.mask(); }
+
+  ResolvedMask resolved_;  // holds a copy of the mask (tensors are shared): never dangles
   int64_t N_, M_;
-  std::vector<Tensor> allowed_;  // BOOL [B, H, N, M] views
-  std::vector<Tensor> biases_;   // F32 [B, H, N, M] views
-  std::vector<detail::MaskElements<uint8_t>> allowed_views_;
-  std::vector<detail::MaskElements<float>> bias_views_;
   std::vector<BlockView> block_views_;
 };
 
