@@ -420,6 +420,58 @@ TEST(AttentionFlashBf16, ForwardBitIdenticalAcrossThreadCounts) {
   }
 }
 
+// A query row's output and lse do not depend on the rows that share its tile: dropping the last
+// 1–3 queries (no mask, so nothing else changes for the others) moves rows between the kernels'
+// 4-, 2- and 1-row groups, and every kept row must keep its bits. Fused scores + softmax (default
+// tiles), the separate softmax pass (block_k 128, and soft-capping), on every path.
+TEST(AttentionFlashBf16, ForwardRowBitsIndependentOfTileNeighbours) {
+  const Dims s{2, 71, 150, 2, 40, 24};
+  const Inputs in = make_inputs(s, 91, true);
+  AttentionOptions capped;
+  capped.softcap = 5.0f;
+  const std::vector<std::pair<AttentionOptions, FlashConfig>> runs = {
+      {{}, {}}, {{}, {32, 128, 0}}, {capped, {}}, {capped, {16, 48, 0}}};
+  for (const PathSetting& setting : forward_paths()) {
+    ScopedPath scoped(setting);
+    SCOPED_TRACE(attention_flash_bf16_path());
+    for (const auto& [options, config] : runs) {
+      SCOPED_TRACE(fmt::format("softcap {} block_q {} block_k {}", options.softcap, config.block_q, config.block_k));
+      if (options.softcap > 0 && !flash_bf16_supports_variants(s.H, s.H, options, false)) continue;
+      Tensor full = Tensor::empty({s.B, s.N, s.H, s.dv}), full_lse = Tensor::empty({s.B, s.H, s.N});
+      attention_flash_bf16_forward(in.q.bf, in.k.bf, in.v.bf, options, full, &full_lse, config);
+      for (int64_t drop = 1; drop <= 3; ++drop) {
+        const int64_t n = s.N - drop;
+        Tensor part = Tensor::empty({s.B, n, s.H, s.dv}), part_lse = Tensor::empty({s.B, s.H, n});
+        attention_flash_bf16_forward(in.q.bf.narrow(1, 0, n), in.k.bf, in.v.bf, options, part, &part_lse, config);
+        EXPECT_EQ(full.narrow(1, 0, n).contiguous().to_vector(), part.to_vector()) << "without the last " << drop;
+        EXPECT_EQ(full_lse.narrow(2, 0, n).contiguous().to_vector(), part_lse.to_vector())
+            << "without the last " << drop;
+      }
+    }
+  }
+}
+
+// With all keys in one tile, the fused scores + softmax step (tiles of at most 96 keys) and the
+// separate softmax pass (block_k 128) see the same tile: the same bits, with and without a mask.
+TEST(AttentionFlashBf16, ForwardFusedAndSeparateSoftmaxAgreeBitwise) {
+  for (const int64_t M : {5, 16, 40, 81, 96}) {
+    const Dims s{2, 37, M, 3, 24, 16};
+    const Inputs in = make_inputs(s, 40 + M, true);
+    for (const bool masked : {false, true}) {
+      AttentionOptions options;
+      if (masked) options.mask = Mask::causal() & Mask::additive(test::random_tensor({s.N, s.M}, 7, -2.0f, 2.0f));
+      for (const PathSetting& setting : forward_paths()) {
+        ScopedPath scoped(setting);
+        SCOPED_TRACE(fmt::format("{} M {} masked {}", attention_flash_bf16_path(), M, masked));
+        Outcome runs[2];
+        for (int i = 0; i < 2; ++i) runs[i] = run_bf16(in, options, {16, i == 0 ? 96 : 128, 0}, false);
+        EXPECT_EQ(runs[0].out.to_vector(), runs[1].out.to_vector());
+        EXPECT_EQ(runs[0].lse.to_vector(), runs[1].lse.to_vector());
+      }
+    }
+  }
+}
+
 TEST(AttentionFlashBf16, ForwardVeryLargeLogits) {
   for (const FlashCase& c : test::large_logits_cases()) check_forward(c);
 }

@@ -53,8 +53,8 @@ CABM_AMX void softmax_row(float* x, const float* mrow, const float* z, int64_t n
   const __m512 qs = _mm512_set1_ps(qscale);
   __m512 vmax = _mm512_set1_ps(-INFINITY);
   for (int64_t c = 0; c < nk16; c += 16) {
-    __m512 t = _mm512_mul_ps(_mm512_loadu_ps(x + c), qs);
-    if (mrow) t = _mm512_add_ps(t, _mm512_loadu_ps(mrow + c));
+    const __m512 t = mrow ? _mm512_fmadd_ps(_mm512_loadu_ps(x + c), qs, _mm512_loadu_ps(mrow + c))
+                          : _mm512_mul_ps(_mm512_loadu_ps(x + c), qs);
     _mm512_storeu_ps(x + c, t);
     vmax = _mm512_max_ps(vmax, t);
   }
@@ -69,7 +69,7 @@ CABM_AMX void softmax_row(float* x, const float* mrow, const float* z, int64_t n
   }
   if (nk32 > nk16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(prow + nk16), _mm256_setzero_si256());
   alpha = std::exp2(m - m_new);
-  l = l * alpha + _mm512_reduce_add_ps(vsum);
+  l = std::fma(l, alpha, _mm512_reduce_add_ps(vsum));
   m = m_new;
 }
 
@@ -84,8 +84,8 @@ CABM_AMX void softmax_rows_nv(const float* x, const float* mrow, const float* z,
   for (int r = 0; r < R; ++r) {
     __m512 vmax = _mm512_set1_ps(-INFINITY);
     for (int c = 0; c < NV; ++c) {
-      t[r][c] = _mm512_mul_ps(_mm512_loadu_ps(x + r * lds + 16 * c), qs);
-      if (mrow) t[r][c] = _mm512_add_ps(t[r][c], _mm512_loadu_ps(mrow + r * lds + 16 * c));
+      const __m512 x_rc = _mm512_loadu_ps(x + r * lds + 16 * c);
+      t[r][c] = mrow ? _mm512_fmadd_ps(x_rc, qs, _mm512_loadu_ps(mrow + r * lds + 16 * c)) : _mm512_mul_ps(x_rc, qs);
       vmax = _mm512_max_ps(vmax, t[r][c]);
     }
     m_new[r] = std::max(m[r], _mm512_reduce_max_ps(vmax));
@@ -102,7 +102,7 @@ CABM_AMX void softmax_rows_nv(const float* x, const float* mrow, const float* z,
     }
     if (nk32 > 16 * NV) _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + 16 * NV), _mm256_setzero_si256());
     alpha[r] = std::exp2(m[r] - m_new[r]);
-    l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(vsum);
+    l[r] = std::fma(l[r], alpha[r], _mm512_reduce_add_ps(vsum));
     m[r] = m_new[r];
   }
 }
