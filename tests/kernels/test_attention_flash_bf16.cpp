@@ -89,8 +89,9 @@ Inputs make_inputs(const Dims& s, uint64_t seed, bool strided, float qk_range = 
 // A subset of the fp32 flash test's mask kinds, and two combinations of its own.
 std::vector<MaskCase> mask_cases() {
   std::vector<MaskCase> cases =
-      test::pick(test::tile_mask_cases(), {"none", "causal", "causal_top_left", "key_padding", "sliding_window",
-                                           "block_sparse_odd", "allow_nm", "additive_hnm"});
+      test::pick(test::tile_mask_cases(),
+                 {"none", "causal", "causal_top_left", "key_padding", "sliding_window", "block_sparse_odd", "allow_nm",
+                  "additive_hnm", "additive_transposed", "allow_key_broadcast"});
   cases.push_back({"causal_and_padding", [](const Dims& s) {
                      return Mask::causal() & Mask::key_padding({s.M, s.M / 2 + 1});
                    }});

@@ -132,6 +132,16 @@ std::vector<MaskCase> tile_mask_cases() {
          return Mask::additive(bias);
        }},
       {"additive_broadcast_m", [](const Dims& s) { return Mask::additive(random_tensor({s.M}, 25, -1.0f, 1.0f)); }},
+      {"additive_transposed",  // [N, M] view of an [M, N] buffer: keys N floats apart
+       [](const Dims& s) {
+         Tensor buffer = random_tensor({s.M, s.N}, 30, -2.0f, 2.0f);
+         for (int64_t n = 0; n < buffer.numel(); n += 5) buffer.data<float>()[n] = -INFINITY;
+         return Mask::additive(buffer.as_strided({s.N, s.M}, {1, s.N}));
+       }},
+      {"allow_key_broadcast",  // [B, 1, N, 1]: whole query rows blocked, keys at stride 0
+       [](const Dims& s) {
+         return Mask::allow(random_bool({s.B, 1, s.N, 1}, 31, 0.7f));
+       }},
       {"causal_padding_additive",
        [](const Dims& s) {
          std::vector<int64_t> lengths(static_cast<size_t>(s.B), s.M - 3);

@@ -1,5 +1,6 @@
 #include "cabm/kernels/attention/mask.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -153,6 +154,26 @@ bool ResolvedMask::allows(int64_t b, int64_t h, int64_t i, int64_t j) const {
 
 float ResolvedMask::term(int64_t b, int64_t h, int64_t i, int64_t j) const {
   return mask_.structurally_allows(b, h, i, j, N_, M_) ? tensor_term(b, h, i, j) : -INFINITY;
+}
+
+void ResolvedMask::tensor_terms(int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n, float* terms) const {
+  std::fill_n(terms, n, 0.0f);
+  for (const detail::MaskElements<float>& t : biases_at_) {  // in tensor_term's order: same sums
+    const float* row = &t.data[b * t.sb + h * t.sh + i * t.si + j0 * t.sj];
+    if (t.sj == 1) {
+      for (int64_t j = 0; j < n; ++j) terms[j] += row[j];
+    } else {
+      for (int64_t j = 0; j < n; ++j) terms[j] += row[j * t.sj];
+    }
+  }
+  for (const detail::MaskElements<uint8_t>& t : allowed_at_) {
+    const uint8_t* row = &t.data[b * t.sb + h * t.sh + i * t.si + j0 * t.sj];
+    if (t.sj == 1) {
+      for (int64_t j = 0; j < n; ++j) terms[j] = row[j] ? terms[j] : -INFINITY;
+    } else {
+      for (int64_t j = 0; j < n; ++j) terms[j] = row[j * t.sj] ? terms[j] : -INFINITY;
+    }
+  }
 }
 
 void ResolvedMask::fill_row(int64_t b, int64_t h, int64_t i, float* row) const {

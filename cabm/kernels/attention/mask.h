@@ -116,6 +116,9 @@ class ResolvedMask {
     for (const detail::MaskElements<float>& t : biases_at_) bias += t.at(b, h, i, j);
     return bias;
   }
+  // terms[0, n) = tensor_term(b, h, i, j0 + ·), the same values, one tensor at a time along the
+  // row (vectorised where a tensor's keys are contiguous or broadcast).
+  void tensor_terms(int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n, float* terms) const;
 
  private:
   Mask mask_;  // a copy (tensors are shared): a ResolvedMask may outlive the Mask it came from

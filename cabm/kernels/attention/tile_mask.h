@@ -131,19 +131,26 @@ class TileMask {
       }
     }
     if (mask().block_layouts().empty() && !per_element()) return;
+    constexpr int64_t kChunk = 256;  // keys whose tensor terms are looked up at once, row by row
+    float terms[kChunk];
+    std::fill_n(terms, kChunk, 0.0f);
     for (int64_t i = rows.begin; i < rows.end; ++i) {
       float* out = tile + (i - rows.begin) * row_step;
-      for (int64_t j = keys.begin; j < keys.end; ++j) {
-        float& e = out[(j - keys.begin) * key_step];
-        if (e == -INFINITY) continue;
-        bool allowed = true;
-        for (const BlockView& blocks : block_views_) {
-          if (!allowed) break;
-          allowed =
-              blocks.data[h * blocks.sh + (i / blocks.block_q) * blocks.sq + (j / blocks.block_k) * blocks.sk] != 0;
+      for (int64_t c0 = keys.begin; c0 < keys.end; c0 += kChunk) {
+        const int64_t n = std::min(kChunk, keys.end - c0);
+        if (per_element()) resolved_.tensor_terms(b, h, i, c0, n, terms);
+        for (int64_t j = c0; j < c0 + n; ++j) {
+          float& e = out[(j - keys.begin) * key_step];
+          if (e == -INFINITY) continue;
+          bool allowed = true;
+          for (const BlockView& blocks : block_views_) {
+            if (!allowed) break;
+            allowed =
+                blocks.data[h * blocks.sh + (i / blocks.block_q) * blocks.sq + (j / blocks.block_k) * blocks.sk] != 0;
+          }
+          const float term = allowed ? terms[j - c0] : -INFINITY;
+          e = term == -INFINITY ? -INFINITY : term * bias_scale;
         }
-        const float term = allowed ? resolved_.tensor_term(b, h, i, j) : -INFINITY;
-        e = term == -INFINITY ? -INFINITY : term * bias_scale;
       }
     }
   }
