@@ -153,12 +153,15 @@ bool ResolvedMask::allows(int64_t b, int64_t h, int64_t i, int64_t j) const {
 }
 
 float ResolvedMask::term(int64_t b, int64_t h, int64_t i, int64_t j) const {
-  return mask_.structurally_allows(b, h, i, j, N_, M_) ? tensor_term(b, h, i, j) : -INFINITY;
+  if (!mask_.structurally_allows(b, h, i, j, N_, M_)) return -INFINITY;
+  float t;
+  tensor_terms(b, h, i, j, 1, &t);
+  return t;
 }
 
 void ResolvedMask::tensor_terms(int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n, float* terms) const {
   std::fill_n(terms, n, 0.0f);
-  for (const detail::MaskElements<float>& t : biases_at_) {  // in tensor_term's order: same sums
+  for (const detail::MaskElements<float>& t : biases_at_) {
     const float* row = &t.data[b * t.sb + h * t.sh + i * t.si + j0 * t.sj];
     if (t.sj == 1) {
       for (int64_t j = 0; j < n; ++j) terms[j] += row[j];
@@ -177,7 +180,9 @@ void ResolvedMask::tensor_terms(int64_t b, int64_t h, int64_t i, int64_t j0, int
 }
 
 void ResolvedMask::fill_row(int64_t b, int64_t h, int64_t i, float* row) const {
-  for (int64_t j = 0; j < M_; ++j) row[j] = term(b, h, i, j);
+  tensor_terms(b, h, i, 0, M_, row);
+  for (int64_t j = 0; j < M_; ++j)
+    if (!mask_.structurally_allows(b, h, i, j, N_, M_)) row[j] = -INFINITY;
 }
 
 std::vector<uint8_t> fully_masked_query_rows(const Mask& mask, int64_t B, int64_t H, int64_t N, int64_t M) {

@@ -106,18 +106,10 @@ class ResolvedMask {
   bool has_bias() const { return !biases_.empty(); }
 
   const Mask& mask() const { return mask_; }
-  // The allow and additive tensors alone (not the structural parts): −inf where an allow tensor
-  // blocks (i, j), else the biases' sum. Inline: the tiled kernels call it once per element.
   bool has_tensor_parts() const { return !allowed_at_.empty() || !biases_at_.empty(); }
-  float tensor_term(int64_t b, int64_t h, int64_t i, int64_t j) const {
-    for (const detail::MaskElements<uint8_t>& t : allowed_at_)
-      if (!t.at(b, h, i, j)) return -std::numeric_limits<float>::infinity();
-    float bias = 0.0f;
-    for (const detail::MaskElements<float>& t : biases_at_) bias += t.at(b, h, i, j);
-    return bias;
-  }
-  // terms[0, n) = tensor_term(b, h, i, j0 + ·), the same values, one tensor at a time along the
-  // row (vectorised where a tensor's keys are contiguous or broadcast).
+  // The allow and additive tensors alone (not the structural parts) at keys [j0, j0 + n) of row
+  // (b, h, i): −inf where an allow tensor blocks, else the biases' sum, into terms[0, n). One
+  // tensor at a time along the row (vectorised where its keys are contiguous or broadcast).
   void tensor_terms(int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n, float* terms) const;
 
  private:
