@@ -7,6 +7,8 @@
 // Internal to kernels/: included by those kernels' bodies and their tests.
 #pragma once
 
+#include "cabm/kernels/exp2_poly.h"
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -35,14 +37,14 @@
 
 namespace cabm::CABM_SIMD_NS {
 
-// exp2(x) = 2^n · 2^f with n = round(x), f = x − n ∈ [−½, ½]; 2^f by the degree-6 polynomial of
-// Cephes' exp2f (relative error < 2e-7 on [−½, ½]). For x <= 0, the only arguments the kernels need
-// (scores minus their running maximum); small positive x still work (up to 127), and callers that
-// cannot rule out larger ones clamp first (simd::min(x, 0)). Everything below 2^−126 (−inf
-// included) gives exactly 0, so masked scores contribute nothing.
-inline constexpr float kExp2Poly[6] = {1.535336188319500e-4f, 1.339887440266574e-3f, 9.618437357674640e-3f,
-                                       5.550332471162809e-2f, 2.402264791363012e-1f, 6.931472028550421e-1f};
-inline constexpr float kExp2Min = -126.0f;
+// exp2(x) = 2^n · 2^f with n = round(x), f = x − n ∈ [−½, ½]; 2^f by the polynomial of
+// exp2_poly.h (Cephes' exp2f, relative error < 2e-7 on [−½, ½]). For x <= 0, the only arguments
+// the kernels need (scores minus their running maximum); small positive x still work (up to 127),
+// and callers that cannot rule out larger ones clamp first (simd::min(x, 0)). Everything below
+// 2^−126 (−inf included) gives exactly 0, so masked scores contribute nothing.
+using detail::kExp2Degree;
+using detail::kExp2Min;
+using detail::kExp2Poly;
 
 // tanh(x), for soft-capping (attention/score_variants.h): built on the primitives below, so it is
 // written once after the three flavours. See there for the method and its accuracy.
@@ -90,7 +92,7 @@ inline Vec exp2_nonpositive(Vec x) {
   const __m512 n = _mm512_roundscale_ps(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x.v, n);
   __m512 p = _mm512_set1_ps(kExp2Poly[0]);
-  for (int c = 1; c < 6; ++c) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2Poly[c]));
+  for (int c = 1; c < kExp2Degree; ++c) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2Poly[c]));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
   const __mmask16 live = _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(kExp2Min), _CMP_GE_OQ);
   return {_mm512_maskz_scalef_ps(live, p, n)};
@@ -165,7 +167,7 @@ inline Vec exp2_nonpositive(Vec x) {
   const __m256 n = _mm256_round_ps(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m256 f = _mm256_sub_ps(x.v, n);
   __m256 p = _mm256_set1_ps(kExp2Poly[0]);
-  for (int c = 1; c < 6; ++c) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Poly[c]));
+  for (int c = 1; c < kExp2Degree; ++c) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Poly[c]));
   p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
   // p · 2^n by adding n to the exponent field; valid for n >= −126, the rest is masked to 0.
   const __m256i bits = _mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23));
@@ -271,7 +273,7 @@ inline Vec exp2_nonpositive(Vec x) {
     const float n = (xc + 12582912.0f) - 12582912.0f;
     const float f = xc - n;
     float p = kExp2Poly[0];
-    for (int c = 1; c < 6; ++c) p = p * f + kExp2Poly[c];
+    for (int c = 1; c < kExp2Degree; ++c) p = p * f + kExp2Poly[c];
     p = p * f + 1.0f;
     int32_t bits;
     std::memcpy(&bits, &p, sizeof bits);

@@ -314,6 +314,38 @@ TEST(FlashDispatch, Bf16OperandsTakeTheBf16Kernels) {
   EXPECT_THROW(attention_backward({q16, k16, v16, out, Tensor()}, g, options, grads), Error) << "bf16 needs lse";
 }
 
+// One shape check for both precisions (check_attention_shapes): the message names the tensor and
+// the dtype it must have, and a backward that needs the lse says so.
+TEST(FlashValidation, ShapeErrorsNameTheTensor) {
+  const auto expect_message = [](const auto& call, const std::string& part) {
+    std::string what = "no error";
+    try {
+      call();
+    } catch (const Error& e) {
+      what = e.what();
+    }
+    EXPECT_NE(what.find(part), std::string::npos) << "message: " << what << "\nexpected to contain: " << part;
+  };
+  const Tensor q = Tensor::zeros({1, 4, 2, 8}), k = Tensor::zeros({1, 5, 2, 8}), v = Tensor::zeros({1, 5, 2, 8});
+  const Tensor q16 = Tensor::zeros({1, 4, 2, 8}, DType::BF16), k16 = Tensor::zeros({1, 5, 2, 8}, DType::BF16),
+               v16 = Tensor::zeros({1, 5, 2, 8}, DType::BF16);
+  const Tensor k16_strided = Tensor::zeros({1, 5, 2, 16}, DType::BF16).as_strided({1, 5, 2, 8}, {160, 32, 16, 2});
+  Tensor out = Tensor::zeros({1, 4, 2, 8});
+  expect_message([&] { attention_flash_forward(q, k16, v, {}, out); }, "k must be a rank-4 F32 tensor");
+  expect_message([&] { attention_flash_bf16_forward(q16, k16, v, {}, out); }, "v must be a rank-4 BF16 tensor");
+  expect_message([&] { attention_flash_bf16_forward(q16, k16, v16, {}, Tensor::zeros({1, 4, 2, 8}, DType::BF16)); },
+                 "out must be a rank-4 F32 tensor");
+  expect_message([&] { attention_flash_bf16_forward(q16, k16_strided, v16, {}, out); },
+                 "head-dim) axis of k must have stride 1");
+  expect_message([&] { attention_flash_bf16_forward(q16, Tensor::zeros({1, 5, 2, 6}, DType::BF16), v16, {}, out); },
+                 "k has shape [1, 5, 2, 6]");
+  const AttentionGrads grads{Tensor::zeros(q.shape()), Tensor::zeros(k.shape()), Tensor::zeros(v.shape())};
+  expect_message([&] { attention_flash_backward({q, k, v, out, Tensor()}, out, {}, grads); },
+                 "needs the forward's lse");
+  expect_message([&] { attention_flash_bf16_backward({q16, k16, v16, out, Tensor()}, out, {}, grads); },
+                 "needs the forward's lse");
+}
+
 TEST(FlashValidation, RejectsBadArguments) {
   const Tensor q = Tensor::zeros({1, 4, 1, 2}), k = Tensor::zeros({1, 5, 1, 2}), v = Tensor::zeros({1, 5, 1, 3});
   Tensor out = Tensor::zeros({1, 4, 1, 3});

@@ -11,6 +11,7 @@
 #pragma once
 
 #include "cabm/kernels/attention/bf16_packing.h"
+#include "cabm/kernels/exp2_poly.h"
 
 #include <algorithm>
 #include <cmath>
@@ -191,18 +192,17 @@ CABM_AVX512_BF16 inline void pack_row_blocks_avx512(const bf16* src, int64_t str
   }
 }
 
-// 2^x for x <= 0 (−inf → 0): the Cephes exp2f polynomial of simd.h (copied: that header
-// picks its ISA at compile time, and this code is compiled for AVX-512 by attribute only).
+// 2^x for x <= 0 (−inf → 0): simd.h's AVX-512 exp2, written again with intrinsics (that header
+// picks its instruction set at compile time, and this code is compiled for AVX-512 by attribute
+// only) on the same constants (exp2_poly.h): the same bits as the fp32 kernels' exp2.
 CABM_AVX512_BF16 inline __m512 exp2_nonpositive(__m512 x) {
-  static constexpr float kPoly[6] = {1.535336188319500e-4f, 1.339887440266574e-3f, 9.618437357674640e-3f,
-                                     5.550332471162809e-2f, 2.402264791363012e-1f, 6.931472028550421e-1f};
   // No clamp first: the lanes a clamp would change (below −127, −inf) are masked to 0 below.
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, n);
-  __m512 poly = _mm512_set1_ps(kPoly[0]);
-  for (int c = 1; c < 6; ++c) poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(kPoly[c]));
+  __m512 poly = _mm512_set1_ps(kExp2Poly[0]);
+  for (int c = 1; c < kExp2Degree; ++c) poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(kExp2Poly[c]));
   poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(1.0f));
-  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
+  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExp2Min), _CMP_GE_OQ);
   return _mm512_maskz_scalef_ps(live, poly, n);
 }
 

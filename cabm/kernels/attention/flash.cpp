@@ -92,7 +92,7 @@ void attention_flash_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
 
 void attention_flash_backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
                               const AttentionGrads& grads, const FlashConfig& config) {
-  check_attention_backward_shapes(saved, dout, grads);
+  check_attention_backward_shapes(saved, dout, grads, DType::F32, /*need_lse=*/true);
   flash_backward<float>(saved, dout, options, grads, config);
 }
 

@@ -347,7 +347,6 @@ void backward_split_key_tiles(const BackwardArgs& args, KeyTileFn key_tile, std:
 template <typename Elem>
 void backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
               const AttentionGrads& grads, const FlashConfig& config) {
-  CABM_CHECK(saved.lse.defined(), "attention_flash_backward needs the forward's log-sum-exp (saved.lse)");
   const Problem p = make_problem(saved.q, saved.k, saved.v, options, config, true);
   const TileMask mask(options.mask, p.B, p.H, p.N, p.M);
   const BackwardArgs args{saved, dout, grads, options, mask, p, backward_chunk_rows(p, config)};

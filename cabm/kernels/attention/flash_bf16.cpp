@@ -8,6 +8,7 @@
 #include "cabm/kernels/attention/tile_mask.h"
 
 #include "cabm/kernels/bf16.h"
+#include "cabm/kernels/cpu_isa.h"
 
 #include <algorithm>
 #include <cfloat>
@@ -287,30 +288,11 @@ void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int64_t h, in
                             args.lse ? args.lse + (b * p.H + h) * p.N + i0 : nullptr);
 }
 
-void check_shapes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out) {
-  for (const Tensor* t : {&q, &k, &v})
-    if (!t->defined() || t->dim() != 4 || t->dtype() != DType::BF16 || t->stride(3) != 1)
-      throw Error("attention_flash_bf16: q, k, v must be BF16 rank-4 tensors ([B, L, H, d]) with unit last stride");
-  if (!out.defined() || out.dim() != 4 || out.dtype() != DType::F32 || out.stride(3) != 1)
-    throw Error("attention_flash_bf16: out must be an F32 rank-4 tensor with unit last stride");
-  const int64_t B = q.size(0), N = q.size(1), H = q.size(2), d = q.size(3);
-  const int64_t M = k.size(1), Hkv = k.size(2), dv = v.size(3);
-  if (k.size(0) != B || Hkv < 1 || H % Hkv != 0 || k.size(3) != d)
-    throw Error(fmt::format("attention_flash_bf16: k has shape {}, expected [{}, M, Hkv, {}] with Hkv dividing {}",
-                            shape_str(k.shape()), B, d, H));
-  if (v.size(0) != B || v.size(1) != M || v.size(2) != Hkv)
-    throw Error(fmt::format("attention_flash_bf16: v has shape {}, expected [{}, {}, {}, dv]", shape_str(v.shape()), B,
-                            M, Hkv));
-  if (out.shape() != Shape{B, N, H, dv})
-    throw Error(fmt::format("attention_flash_bf16: out has shape {}, expected {}", shape_str(out.shape()),
-                            shape_str({B, N, H, dv})));
-}
-
 // ---------------------------------------------------------------------------------------------
 // Path selection (see attention/flash_bf16.h).
 
 bool have_simd_fp32() {
-  return std::strcmp(flash_isa(), "portable") != 0;
+  return simd_isa() != SimdIsa::kPortable;
 }
 
 Path forward_path() {
@@ -336,31 +318,11 @@ const char* path_name(Path path) {
     case Path::kAvx512Bf16:
       return "avx512_bf16";
     case Path::kSimdFp32:
-      return std::strcmp(flash_isa(), "avx512") == 0 ? "avx512_fp32" : "avx2_fp32";
+      return simd_isa() == SimdIsa::kAvx512 ? "avx512_fp32" : "avx2_fp32";
     case Path::kPortable:
       break;
   }
   return "portable";
-}
-
-void check_backward_shapes(const AttentionSaved& saved, const Tensor& dout, const AttentionGrads& grads) {
-  check_shapes(saved.q, saved.k, saved.v, saved.out);
-  const auto check_like = [](const Tensor& t, const Shape& shape, const char* name) {
-    if (!t.defined() || t.dtype() != DType::F32 || t.shape() != shape || t.stride(3) != 1)
-      throw Error(
-          fmt::format("attention_flash_bf16_backward: {} must be an F32 tensor of shape {} with unit last "
-                      "stride",
-                      name, shape_str(shape)));
-  };
-  check_like(dout, saved.out.shape(), "dout");
-  check_like(grads.dq, saved.q.shape(), "dq");
-  check_like(grads.dk, saved.k.shape(), "dk");
-  check_like(grads.dv, saved.v.shape(), "dv");
-  const Shape lse_shape{saved.q.size(0), saved.q.size(2), saved.q.size(1)};
-  if (!saved.lse.defined() || saved.lse.dtype() != DType::F32 || saved.lse.shape() != lse_shape ||
-      !saved.lse.is_contiguous())
-    throw Error(fmt::format("attention_flash_bf16_backward needs the forward's lse: a contiguous F32 {} tensor",
-                            shape_str(lse_shape)));
 }
 
 }  // namespace
@@ -384,7 +346,7 @@ const char* attention_flash_bf16_backward_path() {
 
 void attention_flash_bf16_backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
                                    const AttentionGrads& grads, const FlashConfig& config) {
-  check_backward_shapes(saved, dout, grads);
+  check_attention_backward_shapes(saved, dout, grads, DType::BF16, /*need_lse=*/true);
   CABM_CHECK(options.dropout >= 0.0f && options.dropout < 1.0f, "dropout {} outside [0, 1)", options.dropout);
   check_attention_variants(options, saved.q.size(2), saved.q.size(1), saved.k.size(1));
   Path path = backward_path();
@@ -412,7 +374,7 @@ void attention_flash_bf16_backward(const AttentionSaved& saved, const Tensor& do
 
 void attention_flash_bf16_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
                                   const Tensor& out, const Tensor* lse, const FlashConfig& config) {
-  check_shapes(q, k, v, out);
+  check_attention_shapes(q, k, v, out, DType::BF16);
   CABM_CHECK(options.dropout >= 0.0f && options.dropout < 1.0f, "dropout {} outside [0, 1)", options.dropout);
   check_attention_variants(options, q.size(2), q.size(1), k.size(1));
   CABM_CHECK(flash_bf16_supports_variants(q.size(2), k.size(2), options, false),

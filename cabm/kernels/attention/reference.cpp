@@ -4,6 +4,8 @@
 #include <array>
 #include <cstdlib>
 #include <cmath>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace cabm {
@@ -12,11 +14,15 @@ float attention_scale(const AttentionOptions& options, int64_t d) {
   return options.scale ? *options.scale : 1.0f / std::sqrt(static_cast<float>(d));
 }
 
-void check_attention_shapes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out) {
-  for (const Tensor* t : {&q, &k, &v, &out}) {
-    if (!t->defined() || t->dim() != 4 || t->dtype() != DType::F32)
-      throw Error("attention: q, k, v and out must be F32 tensors of rank 4 ([B, N, H, d])");
-    if (t->stride(3) != 1) throw Error("attention: the last (head-dim) axis must have stride 1");
+void check_attention_shapes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, DType operands) {
+  const std::pair<const Tensor*, const char*> tensors[] = {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}};
+  for (const auto& [t, name] : tensors) {
+    const DType want = t == &out ? DType::F32 : operands;
+    if (!t->defined() || t->dim() != 4 || t->dtype() != want)
+      throw Error(fmt::format("attention: {} must be a rank-4 {} tensor ([B, L, H, d]){}", name, dtype_name(want),
+                              t->defined() ? fmt::format(", got {} {}", dtype_name(t->dtype()), shape_str(t->shape()))
+                                           : std::string(", got an undefined tensor")));
+    if (t->stride(3) != 1) throw Error(fmt::format("attention: the last (head-dim) axis of {} must have stride 1", name));
   }
   const int64_t B = q.size(0), N = q.size(1), H = q.size(2), d = q.size(3);
   const int64_t M = k.size(1), Hkv = k.size(2), dv = v.size(3);
@@ -208,8 +214,9 @@ void DropoutMatrix::fill_row(int64_t i, int64_t j0, int64_t j1, float value, flo
   }
 }
 
-void check_attention_backward_shapes(const AttentionSaved& saved, const Tensor& dout, const AttentionGrads& grads) {
-  check_attention_shapes(saved.q, saved.k, saved.v, saved.out);
+void check_attention_backward_shapes(const AttentionSaved& saved, const Tensor& dout, const AttentionGrads& grads,
+                                     DType operands, bool need_lse) {
+  check_attention_shapes(saved.q, saved.k, saved.v, saved.out, operands);
   const auto check_like = [](const Tensor& t, const Tensor& like, const char* name) {
     if (!t.defined() || t.dtype() != DType::F32 || t.shape() != like.shape() || t.stride(3) != 1)
       throw Error(fmt::format("attention backward: {} must be an F32 tensor of shape {} with unit last stride", name,
@@ -219,6 +226,9 @@ void check_attention_backward_shapes(const AttentionSaved& saved, const Tensor& 
   check_like(grads.dq, saved.q, "dq");
   check_like(grads.dk, saved.k, "dk");
   check_like(grads.dv, saved.v, "dv");
+  if (need_lse && !saved.lse.defined())
+    throw Error(fmt::format("attention backward: this kernel needs the forward's lse, a contiguous F32 {} tensor",
+                            shape_str({saved.q.size(0), saved.q.size(2), saved.q.size(1)})));
   if (saved.lse.defined()) {
     const Shape expected = {saved.q.size(0), saved.q.size(2), saved.q.size(1)};
     if (saved.lse.dtype() != DType::F32 || saved.lse.shape() != expected || !saved.lse.is_contiguous())

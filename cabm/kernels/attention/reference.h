@@ -109,8 +109,11 @@ struct AttentionGrads {
   Tensor dsinks{};
 };
 
-// Checks shapes and strides of q, k, v, out for the conventions above; throws cabm::Error.
-void check_attention_shapes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out);
+// Checks shapes and strides of q, k, v, out for the conventions above; throws cabm::Error naming
+// the tensor. operands: the dtype of q, k and v (F32, or BF16 for the bf16 tiled kernels, which
+// take the same shapes); out is F32 in both.
+void check_attention_shapes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                            DType operands = DType::F32);
 
 // Writes out [B, N, H, dv]. If weights is non-null it must be F32 [B, H, N, M] contiguous and
 // receives A. If lse is non-null it must be F32 [B, H, N] contiguous and receives the
@@ -126,7 +129,10 @@ void attention_reference_backward(const AttentionSaved& saved, const Tensor& dou
                                   const AttentionGrads& grads);
 
 // Checks the tensors of a backward call (saved, dout, grads) against each other; throws cabm::Error.
-void check_attention_backward_shapes(const AttentionSaved& saved, const Tensor& dout, const AttentionGrads& grads);
+// operands as in check_attention_shapes (dout and the gradients are F32 in both); need_lse: the
+// kernel needs the forward's lse (an undefined saved.lse is then an error, not a recomputation).
+void check_attention_backward_shapes(const AttentionSaved& saved, const Tensor& dout, const AttentionGrads& grads,
+                                     DType operands = DType::F32, bool need_lse = false);
 
 struct AttentionResult {
   Tensor output;   // [B, N, H, dv]
