@@ -102,55 +102,64 @@ class TileMask {
     return full && !per_element() ? TileKind::kFull : TileKind::kPartial;
   }
 
-  // Additive term of element (i, j), scaled by bias_scale: 0 or the bias sum where allowed, −inf
-  // where blocked. Written to tile[(i − rows.begin) · row_step + (j − keys.begin) · key_step], one
-  // of the steps being 1. The interval parts are written vectorisably; the per-element lookups
-  // (block layouts, tensors) run only when the mask has such parts.
+  // Additive term of element (i, j), scaled by bias_scale (> 0): 0 or the bias sum where allowed,
+  // −inf where blocked. Written to tile[(i − rows.begin) · row_step + (j − keys.begin) · key_step],
+  // one of the steps being 1. Rows of keys (key_step 1) are written row by row (fill_row); rows of
+  // queries (row_step 1, the fp32 kernel's lanes) compare each key with the lanes' bounds when the
+  // mask has only interval parts, and otherwise build the rows contiguously in a per-thread buffer
+  // and write them transposed: the per-element parts are looked up along rows, where the tensors'
+  // keys are contiguous (or broadcast), never one strided element at a time.
   void fill(int64_t b, int64_t h, Range rows, Range keys, float bias_scale, float* tile, int64_t row_step,
             int64_t key_step) const {
     const int64_t ni = rows.end - rows.begin, nk = keys.end - keys.begin;
-    if (key_step == 1) {  // rows of keys: three runs per row
-      for (int64_t r = 0; r < ni; ++r) {
-        const int64_t i = rows.begin + r;
-        const int64_t l = std::clamp(lo(i) - keys.begin, int64_t{0}, nk);
-        const int64_t u = std::clamp(hi(b, i) - keys.begin, l, nk);
-        float* out = tile + r * row_step;
-        std::fill(out, out + l, -INFINITY);
-        std::fill(out + l, out + u, 0.0f);
-        std::fill(out + u, out + nk, -INFINITY);
-      }
-    } else {  // rows of queries (lanes): compare each key with the lanes' bounds
-      std::vector<int32_t> lower(static_cast<size_t>(ni)), upper(static_cast<size_t>(ni));
-      for (int64_t r = 0; r < ni; ++r) {
-        lower[r] = static_cast<int32_t>(std::clamp(lo(rows.begin + r) - keys.begin, int64_t{0}, nk));
-        upper[r] = static_cast<int32_t>(std::clamp(hi(b, rows.begin + r) - keys.begin, int64_t{0}, nk));
-      }
-      for (int32_t j = 0; j < nk; ++j) {
-        float* out = tile + j * key_step;
-        for (int64_t r = 0; r < ni; ++r) out[r] = j >= lower[r] && j < upper[r] ? 0.0f : -INFINITY;
-      }
+    if (key_step == 1) {
+      for (int64_t r = 0; r < ni; ++r) fill_row(b, h, rows.begin + r, keys, bias_scale, tile + r * row_step);
+      return;
     }
-    if (mask().block_layouts().empty() && !per_element()) return;
-    constexpr int64_t kChunk = 256;  // keys whose tensor terms are looked up at once, row by row
-    float terms[kChunk];
-    std::fill_n(terms, kChunk, 0.0f);
-    for (int64_t i = rows.begin; i < rows.end; ++i) {
-      float* out = tile + (i - rows.begin) * row_step;
-      for (int64_t c0 = keys.begin; c0 < keys.end; c0 += kChunk) {
-        const int64_t n = std::min(kChunk, keys.end - c0);
-        if (per_element()) resolved_.tensor_terms(b, h, i, c0, n, terms);
-        for (int64_t j = c0; j < c0 + n; ++j) {
-          float& e = out[(j - keys.begin) * key_step];
-          if (e == -INFINITY) continue;
-          bool allowed = true;
-          for (const BlockView& blocks : block_views_) {
-            if (!allowed) break;
-            allowed =
-                blocks.data[h * blocks.sh + (i / blocks.block_q) * blocks.sq + (j / blocks.block_k) * blocks.sk] != 0;
-          }
-          const float term = allowed ? terms[j - c0] : -INFINITY;
-          e = term == -INFINITY ? -INFINITY : term * bias_scale;
-        }
+    if (per_element() || !block_views_.empty()) {
+      thread_local std::vector<float> row_major;  // grows to the largest tile, then reused
+      if (row_major.size() < static_cast<size_t>(ni * nk)) row_major.resize(static_cast<size_t>(ni * nk));
+      float* buf = row_major.data();
+      for (int64_t r = 0; r < ni; ++r) fill_row(b, h, rows.begin + r, keys, bias_scale, buf + r * nk);
+      for (int64_t j = 0; j < nk; ++j) {
+        float* out = tile + j * key_step;
+        for (int64_t r = 0; r < ni; ++r) out[r * row_step] = buf[r * nk + j];
+      }
+      return;
+    }
+    std::vector<int32_t> lower(static_cast<size_t>(ni)), upper(static_cast<size_t>(ni));
+    for (int64_t r = 0; r < ni; ++r) {
+      lower[r] = static_cast<int32_t>(std::clamp(lo(rows.begin + r) - keys.begin, int64_t{0}, nk));
+      upper[r] = static_cast<int32_t>(std::clamp(hi(b, rows.begin + r) - keys.begin, int64_t{0}, nk));
+    }
+    for (int32_t j = 0; j < nk; ++j) {
+      float* out = tile + j * key_step;
+      for (int64_t r = 0; r < ni; ++r) out[r * row_step] = j >= lower[r] && j < upper[r] ? 0.0f : -INFINITY;
+    }
+  }
+
+  // Query row i over keys, contiguous in out: −inf outside the row's interval [lo(i), hi(b, i)) and
+  // in blocks a block layout turns off; inside, the tensor terms · bias_scale (0 without tensors).
+  // Tensors are looked up only inside the interval, and layouts one block-run at a time.
+  void fill_row(int64_t b, int64_t h, int64_t i, Range keys, float bias_scale, float* out) const {
+    const int64_t nk = keys.end - keys.begin;
+    const int64_t l = std::clamp(lo(i) - keys.begin, int64_t{0}, nk);
+    const int64_t u = std::clamp(hi(b, i) - keys.begin, l, nk);
+    std::fill(out, out + l, -INFINITY);
+    std::fill(out + u, out + nk, -INFINITY);
+    if (!per_element()) {
+      std::fill(out + l, out + u, 0.0f);
+    } else if (u > l) {
+      resolved_.tensor_terms(b, h, i, keys.begin + l, u - l, out + l);
+      for (int64_t j = l; j < u; ++j) out[j] *= bias_scale;  // −inf stays −inf
+    }
+    for (const BlockView& blocks : block_views_) {
+      const uint8_t* row = blocks.data + h * blocks.sh + (i / blocks.block_q) * blocks.sq;
+      for (int64_t j = l; j < u;) {
+        const int64_t kb = (keys.begin + j) / blocks.block_k;
+        const int64_t end = std::min(u, (kb + 1) * blocks.block_k - keys.begin);
+        if (row[kb * blocks.sk] == 0) std::fill(out + j, out + end, -INFINITY);
+        j = end;
       }
     }
   }
