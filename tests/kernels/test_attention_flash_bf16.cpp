@@ -91,7 +91,7 @@ std::vector<MaskCase> mask_cases() {
   std::vector<MaskCase> cases =
       test::pick(test::tile_mask_cases(),
                  {"none", "causal", "causal_top_left", "key_padding", "sliding_window", "block_sparse_odd", "allow_nm",
-                  "additive_hnm", "additive_transposed", "allow_key_broadcast"});
+                  "additive_hnm", "additive_transposed", "allow_key_broadcast", "window_padding_tensors"});
   cases.push_back({"causal_and_padding", [](const Dims& s) {
                      return Mask::causal() & Mask::key_padding({s.M, s.M / 2 + 1});
                    }});

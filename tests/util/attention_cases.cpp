@@ -142,6 +142,14 @@ std::vector<MaskCase> tile_mask_cases() {
        [](const Dims& s) {
          return Mask::allow(random_bool({s.B, 1, s.N, 1}, 31, 0.7f));
        }},
+      {"window_padding_tensors",  // PyTorch's key_padding_mask as tensors [B, 1, 1, M] (the same for
+                                  // every query), with a window: one row of terms serves a tile
+       [](const Dims& s) {
+         Tensor bias = random_tensor({s.B, 1, 1, s.M}, 32, -1.0f, 1.0f);
+         for (int64_t n = 0; n < bias.numel(); n += 4) bias.data<float>()[n] = -INFINITY;
+         return Mask::sliding_window(30, 12) & Mask::allow(random_bool({s.B, 1, 1, s.M}, 33, 0.8f)) &
+                Mask::additive(bias);
+       }},
       {"causal_padding_additive",
        [](const Dims& s) {
          std::vector<int64_t> lengths(static_cast<size_t>(s.B), s.M - 3);

@@ -179,6 +179,11 @@ void ResolvedMask::tensor_terms(int64_t b, int64_t h, int64_t i, int64_t j0, int
   }
 }
 
+bool ResolvedMask::tensor_terms_query_invariant() const {
+  return std::all_of(allowed_at_.begin(), allowed_at_.end(), [](const auto& t) { return t.si == 0; }) &&
+         std::all_of(biases_at_.begin(), biases_at_.end(), [](const auto& t) { return t.si == 0; });
+}
+
 void ResolvedMask::fill_row(int64_t b, int64_t h, int64_t i, float* row) const {
   tensor_terms(b, h, i, 0, M_, row);
   for (int64_t j = 0; j < M_; ++j)

@@ -111,6 +111,9 @@ class ResolvedMask {
   // (b, h, i): −inf where an allow tensor blocks, else the biases' sum, into terms[0, n). One
   // tensor at a time along the row (vectorised where its keys are contiguous or broadcast).
   void tensor_terms(int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n, float* terms) const;
+  // Whether tensor_terms is the same for every query row i: every tensor part is broadcast over
+  // the queries (a key-padding tensor [B, 1, 1, M], as PyTorch's float key_padding_mask becomes).
+  bool tensor_terms_query_invariant() const;
 
  private:
   Mask mask_;  // a copy (tensors are shared): a ResolvedMask may outlive the Mask it came from

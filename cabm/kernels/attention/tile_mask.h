@@ -104,11 +104,12 @@ class TileMask {
 
   // Additive term of element (i, j), scaled by bias_scale (> 0): 0 or the bias sum where allowed,
   // −inf where blocked. Written to tile[(i − rows.begin) · row_step + (j − keys.begin) · key_step],
-  // one of the steps being 1. Rows of keys (key_step 1) are written row by row (fill_row); rows of
-  // queries (row_step 1, the fp32 kernel's lanes) compare each key with the lanes' bounds when the
-  // mask has only interval parts, and otherwise build the rows contiguously in a per-thread buffer
-  // and write them transposed: the per-element parts are looked up along rows, where the tensors'
-  // keys are contiguous (or broadcast), never one strided element at a time.
+  // one of the steps being 1. Rows of keys (key_step 1) are written row by row (fill_row). Rows of
+  // queries (row_step 1, the fp32 kernel's lanes): where the per-element parts are the same for
+  // every query (none, or tensors broadcast over the queries), one row of tensor terms serves every
+  // lane and each key's lanes only compare with their interval; otherwise the rows are built
+  // contiguously in a per-thread buffer and written transposed. Either way the tensors are read
+  // along rows, where their keys are contiguous (or broadcast), never one strided element at a time.
   void fill(int64_t b, int64_t h, Range rows, Range keys, float bias_scale, float* tile, int64_t row_step,
             int64_t key_step) const {
     const int64_t ni = rows.end - rows.begin, nk = keys.end - keys.begin;
@@ -116,16 +117,21 @@ class TileMask {
       for (int64_t r = 0; r < ni; ++r) fill_row(b, h, rows.begin + r, keys, bias_scale, tile + r * row_step);
       return;
     }
-    if (per_element() || !block_views_.empty()) {
-      thread_local std::vector<float> row_major;  // grows to the largest tile, then reused
-      if (row_major.size() < static_cast<size_t>(ni * nk)) row_major.resize(static_cast<size_t>(ni * nk));
-      float* buf = row_major.data();
+    if (!block_views_.empty() || (per_element() && !resolved_.tensor_terms_query_invariant())) {
+      float* buf = thread_scratch(ni * nk);
       for (int64_t r = 0; r < ni; ++r) fill_row(b, h, rows.begin + r, keys, bias_scale, buf + r * nk);
       for (int64_t j = 0; j < nk; ++j) {
         float* out = tile + j * key_step;
         for (int64_t r = 0; r < ni; ++r) out[r * row_step] = buf[r * nk + j];
       }
       return;
+    }
+    float* key_terms = thread_scratch(nk);  // the tensor terms of every query row, · bias_scale
+    if (per_element()) {
+      resolved_.tensor_terms(b, h, rows.begin, keys.begin, nk, key_terms);
+      for (int64_t j = 0; j < nk; ++j) key_terms[j] *= bias_scale;  // −inf stays −inf
+    } else {
+      std::fill_n(key_terms, nk, 0.0f);
     }
     std::vector<int32_t> lower(static_cast<size_t>(ni)), upper(static_cast<size_t>(ni));
     for (int64_t r = 0; r < ni; ++r) {
@@ -134,7 +140,8 @@ class TileMask {
     }
     for (int32_t j = 0; j < nk; ++j) {
       float* out = tile + j * key_step;
-      for (int64_t r = 0; r < ni; ++r) out[r * row_step] = j >= lower[r] && j < upper[r] ? 0.0f : -INFINITY;
+      const float term = key_terms[j];
+      for (int64_t r = 0; r < ni; ++r) out[r * row_step] = j >= lower[r] && j < upper[r] ? term : -INFINITY;
     }
   }
 
@@ -165,6 +172,13 @@ class TileMask {
   }
 
  private:
+  // The calling thread's buffer of at least n floats, kept (and grown) for its later tiles.
+  static float* thread_scratch(int64_t n) {
+    thread_local std::vector<float> buffer;
+    if (buffer.size() < static_cast<size_t>(n)) buffer.resize(static_cast<size_t>(n));
+    return buffer.data();
+  }
+
   // A block layout's entries by index arithmetic alone (as detail::MaskElements for tensors);
   // points into the layouts' storage, which resolved_'s mask shares.
   struct BlockView {
