@@ -2,7 +2,7 @@
 """PyTorch's explicit attention, softmax(Q Kᵀ/√d) V, on the cases of `cabm bench attention`,
 printing the same columns so the two tables can be put side by side (docs/attention_performance.md).
 
-    /usr/bin/python3 bench/attention_pytorch.py [--n 256,1024] [--d 64] [--masks none,causal,window,bigbird]
+    /usr/bin/python3 bench/attention_pytorch.py [--n 256,1024] [--d 64] [--masks none,causal,window,bigbird,padding]
         [--heads 8] [--batch 1] [--repeats 5] [--threads 2] [--backward] [--peak-gflops X] [--cabm PATH]
 
 With --cabm (a cabm binary, e.g. build/release/cabm) the same cases first run through
@@ -76,7 +76,9 @@ def allowed_mask(name, N):
             if take:
                 blocks[qb, rest[torch.randperm(rest.numel(), generator=gen)[:take]]] = True
         return blocks.repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)[:N, :N]
-    raise SystemExit(f"--masks: unknown mask '{name}' (expected none, causal, window or bigbird)")
+    if name == "padding":  # cabm bench attention's: the last N/4 keys padding
+        return (j < N - N // 4).expand(N, N)
+    raise SystemExit(f"--masks: unknown mask '{name}' (expected none, causal, window, bigbird or padding)")
 
 
 def attention(q, k, v, bias):

@@ -4,8 +4,11 @@
 //
 // FLOP convention (FlashAttention's): forward 4·B·H·d·pairs, backward 2.5× that, where pairs
 // counts only the (query, key) pairs the mask allows: N·M without a mask, N(N+1)/2 causal,
-// Σ min(i+1, 256) for the sliding window, and the allowed blocks' areas for BigBird. So a masked
-// case is credited only with the work it must do; skipped tiles earn nothing.
+// Σ min(i+1, 256) for the sliding window, the allowed blocks' areas for BigBird, N·(N − N/4) for
+// padding. So a masked case is credited only with the work it must do; skipped tiles earn nothing.
+// `padding` is PyTorch's float key_padding_mask as cabm's interop turns it into a mask: an additive
+// tensor [B, 1, 1, N], 0 for the first N − N/4 keys and −inf for the rest. It is per element, so
+// no tile is skipped: it measures what a tensor mask costs.
 //
 // The inputs are head views of one fused [B, N, 3·H·d] projection, as nn/ produces them (the
 // same setup as bench/bench_attention.cpp, which has the Google Benchmark form of these cases).
@@ -34,6 +37,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -132,8 +136,15 @@ struct Problem {
             per_head +=
                 static_cast<double>(std::min(blk, N - qb * blk)) * static_cast<double>(std::min(blk, N - kb * blk));
       options.mask = Mask::block_sparse(std::move(layout));
+    } else if (mask == "padding") {
+      const int64_t valid = N - N / 4;
+      Tensor bias = Tensor::zeros({B, 1, 1, N});
+      float* row = bias.data<float>();
+      for (int64_t b = 0; b < B; ++b) std::fill(row + b * N + valid, row + (b + 1) * N, -INFINITY);
+      options.mask = Mask::additive(bias);
+      per_head = static_cast<double>(N) * static_cast<double>(valid);
     } else {
-      throw Error(fmt::format("--masks: unknown mask '{}' (expected none, causal, window or bigbird)", mask));
+      throw Error(fmt::format("--masks: unknown mask '{}' (expected none, causal, window, bigbird or padding)", mask));
     }
     pairs = per_head * static_cast<double>(B * H);
   }
@@ -256,8 +267,8 @@ std::string mib(int64_t bytes) {
 }
 
 void check_mask(const std::string& m) {
-  if (m != "none" && m != "causal" && m != "window" && m != "bigbird")
-    throw Error(fmt::format("unknown mask '{}' (expected none, causal, window or bigbird)", m));
+  if (m != "none" && m != "causal" && m != "window" && m != "bigbird" && m != "padding")
+    throw Error(fmt::format("unknown mask '{}' (expected none, causal, window, bigbird or padding)", m));
 }
 
 void check_precision(const std::string& p) {
@@ -423,9 +434,10 @@ void register_bench(CLI::App& app) {
       ->check(integer_in(1, kMaxN));
   cmd->add_option("--d", f->d, "head dims (default 64)")->delimiter(',')->check(integer_in(1, kMaxHeadDim));
   cmd->add_option("--masks", f->masks,
-                  "none, causal, window (256 keys, causal side), bigbird (blocks of 64); default all")
+                  "none, causal, window (256 keys, causal side), bigbird (blocks of 64), padding (an additive "
+                  "[B, 1, 1, N] tensor, the last N/4 keys -inf); default none, causal, window, bigbird")
       ->delimiter(',')
-      ->check(accepted_by(check_mask, "none, causal, window or bigbird"));
+      ->check(accepted_by(check_mask, "none, causal, window, bigbird or padding"));
   cmd->add_option("--heads", f->heads, "heads H (default 8)")->check(integer_in(1, kMaxHeads));
   cmd->add_option("--batch", f->batch, "batch B (default 1)")->check(integer_in(1, kMaxBatch));
   cmd->add_option("--repeats", f->repeats,

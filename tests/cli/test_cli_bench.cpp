@@ -55,6 +55,26 @@ TEST(CliBench, AttentionJson) {
   }
 }
 
+// `padding`: an additive [B, 1, 1, N] tensor with the last N/4 keys −inf, credited N·(N − N/4)
+// pairs per head; the reference ran on the same mask (speedup defined) and so did bf16.
+TEST(CliBench, AttentionPaddingMask) {
+  const CmdResult r =
+      cabm("bench attention --n 64,97 --d 16 --masks padding --repeats 1 --json --heads 2 --batch 2 --precision both");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const auto& cases = j.at("cases");
+  ASSERT_EQ(cases.size(), 2u);
+  for (const auto& c : cases) {
+    EXPECT_EQ(c.at("mask").get<std::string>(), "padding");
+    const int64_t N = c.at("N").get<int64_t>();
+    EXPECT_DOUBLE_EQ(c.at("flops").get<double>(), 4.0 * 2 * 2 * 16 * double(N) * double(N - N / 4));
+    EXPECT_GT(c.at("speedup_vs_reference").get<double>(), 0.0);
+  }
+  const CmdResult bad = cabm("bench attention --masks pading");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_TRUE(contains(bad.err, "padding")) << bad.err;
+}
+
 TEST(CliMemory, EstimateAndMeasurement) {
   const CmdResult r = cabm("memory --layers 2 --d-model 32 --heads 4 --d-ff 64 --vocab 50 --seq-len 16 --batch-size 2");
   ASSERT_EQ(r.status, 0) << r.err;
