@@ -104,20 +104,23 @@ class TileMask {
 
   // Additive term of element (i, j), scaled by bias_scale (> 0): 0 or the bias sum where allowed,
   // −inf where blocked. Written to tile[(i − rows.begin) · row_step + (j − keys.begin) · key_step],
-  // one of the steps being 1. Rows of keys (key_step 1) are written row by row (fill_row). Rows of
-  // queries (row_step 1, the fp32 kernel's lanes): where the per-element parts are the same for
-  // every query (none, or tensors broadcast over the queries), one row of tensor terms serves every
-  // lane and each key's lanes only compare with their interval; otherwise the rows are built
-  // contiguously in a per-thread buffer and written transposed. Either way the tensors are read
-  // along rows, where their keys are contiguous (or broadcast), never one strided element at a time.
+  // one of the steps being 1 (key_step 1: rows of keys, the bf16 kernels' and the backwards' tiles;
+  // row_step 1: rows of queries, the fp32 forward's lanes).
+  //  - Where the per-element parts are the same for every query (none, or tensors broadcast over
+  //    the queries: key-padding tensors [B, 1, 1, M]), one row of tensor terms serves the tile, and
+  //    each row only applies its interval [lo(i), hi(b, i)).
+  //  - Otherwise (block layouts, or tensors that vary by query) row by row (fill_row), and for rows
+  //    of queries through a per-thread buffer written transposed.
+  // Either way the tensors are read along rows, where their keys are contiguous (or broadcast),
+  // never one strided element at a time.
   void fill(int64_t b, int64_t h, Range rows, Range keys, float bias_scale, float* tile, int64_t row_step,
             int64_t key_step) const {
     const int64_t ni = rows.end - rows.begin, nk = keys.end - keys.begin;
-    if (key_step == 1) {
-      for (int64_t r = 0; r < ni; ++r) fill_row(b, h, rows.begin + r, keys, bias_scale, tile + r * row_step);
-      return;
-    }
     if (!block_views_.empty() || (per_element() && !resolved_.tensor_terms_query_invariant())) {
+      if (key_step == 1) {
+        for (int64_t r = 0; r < ni; ++r) fill_row(b, h, rows.begin + r, keys, bias_scale, tile + r * row_step);
+        return;
+      }
       float* buf = thread_scratch(ni * nk);
       for (int64_t r = 0; r < ni; ++r) fill_row(b, h, rows.begin + r, keys, bias_scale, buf + r * nk);
       for (int64_t j = 0; j < nk; ++j) {
@@ -132,6 +135,18 @@ class TileMask {
       for (int64_t j = 0; j < nk; ++j) key_terms[j] *= bias_scale;  // −inf stays −inf
     } else {
       std::fill_n(key_terms, nk, 0.0f);
+    }
+    if (key_step == 1) {  // rows of keys: each row is the terms' row inside its interval
+      for (int64_t r = 0; r < ni; ++r) {
+        const int64_t i = rows.begin + r;
+        const int64_t l = std::clamp(lo(i) - keys.begin, int64_t{0}, nk);
+        const int64_t u = std::clamp(hi(b, i) - keys.begin, l, nk);
+        float* out = tile + r * row_step;
+        std::fill(out, out + l, -INFINITY);
+        std::copy(key_terms + l, key_terms + u, out + l);
+        std::fill(out + u, out + nk, -INFINITY);
+      }
+      return;
     }
     std::vector<int32_t> lower(static_cast<size_t>(ni)), upper(static_cast<size_t>(ni));
     for (int64_t r = 0; r < ni; ++r) {
