@@ -16,8 +16,9 @@ float attention_scale(const AttentionOptions& options, int64_t d) {
 
 void check_attention_shapes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, DType operands) {
   const std::pair<const Tensor*, const char*> tensors[] = {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}};
-  for (const auto& [t, name] : tensors) {
-    const DType want = t == &out ? DType::F32 : operands;
+  for (int n = 0; n < 4; ++n) {
+    const auto& [t, name] = tensors[n];
+    const DType want = n == 3 ? DType::F32 : operands;  // out is F32 for either operand type
     if (!t->defined() || t->dim() != 4 || t->dtype() != want)
       throw Error(fmt::format("attention: {} must be a rank-4 {} tensor ([B, L, H, d]){}", name, dtype_name(want),
                               t->defined() ? fmt::format(", got {} {}", dtype_name(t->dtype()), shape_str(t->shape()))
