@@ -35,6 +35,7 @@ class TileMask {
       block_views_.push_back({blocks.data<uint8_t>(), blocks.size(0) == 1 ? 0 : blocks.stride(0), blocks.stride(1),
                               blocks.stride(2), layout.block_q, layout.block_k});
     }
+    one_term_row_ = block_views_.empty() && (!per_element() || resolved_.tensor_terms_query_invariant());
   }
 
   bool per_element() const { return resolved_.has_tensor_parts(); }
@@ -116,7 +117,7 @@ class TileMask {
   void fill(int64_t b, int64_t h, Range rows, Range keys, float bias_scale, float* tile, int64_t row_step,
             int64_t key_step) const {
     const int64_t ni = rows.end - rows.begin, nk = keys.end - keys.begin;
-    if (!block_views_.empty() || (per_element() && !resolved_.tensor_terms_query_invariant())) {
+    if (!one_term_row_) {
       if (key_step == 1) {
         for (int64_t r = 0; r < ni; ++r) fill_row(b, h, rows.begin + r, keys, bias_scale, tile + r * row_step);
         return;
@@ -138,9 +139,7 @@ class TileMask {
     }
     if (key_step == 1) {  // rows of keys: each row is the terms' row inside its interval
       for (int64_t r = 0; r < ni; ++r) {
-        const int64_t i = rows.begin + r;
-        const int64_t l = std::clamp(lo(i) - keys.begin, int64_t{0}, nk);
-        const int64_t u = std::clamp(hi(b, i) - keys.begin, l, nk);
+        const auto [l, u] = row_interval(b, rows.begin + r, keys);
         float* out = tile + r * row_step;
         std::fill(out, out + l, -INFINITY);
         std::copy(key_terms + l, key_terms + u, out + l);
@@ -150,8 +149,8 @@ class TileMask {
     }
     std::vector<int32_t> lower(static_cast<size_t>(ni)), upper(static_cast<size_t>(ni));
     for (int64_t r = 0; r < ni; ++r) {
-      lower[r] = static_cast<int32_t>(std::clamp(lo(rows.begin + r) - keys.begin, int64_t{0}, nk));
-      upper[r] = static_cast<int32_t>(std::clamp(hi(b, rows.begin + r) - keys.begin, int64_t{0}, nk));
+      const auto [l, u] = row_interval(b, rows.begin + r, keys);
+      lower[r] = static_cast<int32_t>(l), upper[r] = static_cast<int32_t>(u);
     }
     for (int32_t j = 0; j < nk; ++j) {
       float* out = tile + j * key_step;
@@ -165,8 +164,7 @@ class TileMask {
   // Tensors are looked up only inside the interval, and layouts one block-run at a time.
   void fill_row(int64_t b, int64_t h, int64_t i, Range keys, float bias_scale, float* out) const {
     const int64_t nk = keys.end - keys.begin;
-    const int64_t l = std::clamp(lo(i) - keys.begin, int64_t{0}, nk);
-    const int64_t u = std::clamp(hi(b, i) - keys.begin, l, nk);
+    const auto [l, u] = row_interval(b, i, keys);
     std::fill(out, out + l, -INFINITY);
     std::fill(out + u, out + nk, -INFINITY);
     if (!per_element()) {
@@ -187,6 +185,13 @@ class TileMask {
   }
 
  private:
+  // Row i's interval [lo(i), hi(b, i)) within the tile's keys, relative to keys.begin (l <= u).
+  Range row_interval(int64_t b, int64_t i, Range keys) const {
+    const int64_t nk = keys.end - keys.begin;
+    const int64_t l = std::clamp(lo(i) - keys.begin, int64_t{0}, nk);
+    return {l, std::clamp(hi(b, i) - keys.begin, l, nk)};
+  }
+
   // The calling thread's buffer of at least n floats, kept (and grown) for its later tiles.
   static float* thread_scratch(int64_t n) {
     thread_local std::vector<float> buffer;
@@ -207,6 +212,9 @@ class TileMask {
   ResolvedMask resolved_;  // holds a copy of the mask (tensors are shared): never dangles
   int64_t N_, M_;
   std::vector<BlockView> block_views_;
+  // No block layouts, and the tensor parts (if any) the same for every query: fill builds one row
+  // of terms per tile.
+  bool one_term_row_;
 };
 
 // The additive mask of a bf16 forward's tile (rows queries, lanes keys in 16-key blocks; rows
