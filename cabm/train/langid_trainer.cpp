@@ -33,6 +33,12 @@ void pack_words(const std::vector<std::string>& words, int64_t max_len, Tensor& 
 }
 
 ClassifierEval evaluate_classifier(const Classifier& model, const WordDataset& data, int64_t max_len, int64_t B) {
+  ClassifierCache cache;
+  return evaluate_classifier(model, data, max_len, B, cache);
+}
+
+ClassifierEval evaluate_classifier(const Classifier& model, const WordDataset& data, int64_t max_len, int64_t B,
+                                   ClassifierCache& cache) {
   const auto C = static_cast<int64_t>(data.languages.size());
   ClassifierEval out;
   out.confusion.assign(static_cast<size_t>(C), std::vector<int64_t>(static_cast<size_t>(C), 0));
@@ -42,7 +48,6 @@ ClassifierEval evaluate_classifier(const Classifier& model, const WordDataset& d
     for (const auto& w : data.validation[static_cast<size_t>(c)]) items.emplace_back(w, c);
   std::stable_sort(items.begin(), items.end(),
                    [](const auto& a, const auto& b) { return a.first.size() < b.first.size(); });
-  ClassifierCache cache;
   LossOptions options;
   options.compute_grad = false;
   Tensor tokens, labels;
@@ -142,7 +147,7 @@ StepStats LangIdTrainer::train_step() {
 }
 
 ClassifierEval LangIdTrainer::evaluate() {
-  return evaluate_classifier(state_.model, data_, config_.seq_len, 256);
+  return evaluate_classifier(state_.model, data_, config_.seq_len, 256, cache_);
 }
 
 std::string LangIdTrainer::save(const nlohmann::json& metrics) {

@@ -27,8 +27,11 @@ struct ClassifierEval {
   std::vector<std::vector<int64_t>> confusion;  // [true class][predicted class]
 };
 
-// Loss, accuracy and confusion matrix of `model` over data.validation (eval mode).
+// Loss, accuracy and confusion matrix of `model` over data.validation (eval mode). The overload
+// with a cache runs in its workspaces (a trainer passes its training cache, as evaluate_lm).
 ClassifierEval evaluate_classifier(const Classifier& model, const WordDataset& data, int64_t max_len, int64_t B);
+ClassifierEval evaluate_classifier(const Classifier& model, const WordDataset& data, int64_t max_len, int64_t B,
+                                   ClassifierCache& cache);
 
 // Predicted class probabilities for one word.
 std::vector<float> classify_word(const Classifier& model, const std::string& word);

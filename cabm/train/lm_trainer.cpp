@@ -85,9 +85,14 @@ StepStats LmTrainer::train_step_on(const std::vector<Tensor>& inputs, const std:
 }
 
 double evaluate_lm(const CausalLM& model, std::string_view text, int64_t T, int64_t max_windows, int64_t B) {
+  CausalLMCache cache;
+  return evaluate_lm(model, text, T, max_windows, B, cache);
+}
+
+double evaluate_lm(const CausalLM& model, std::string_view text, int64_t T, int64_t max_windows, int64_t B,
+                   CausalLMCache& cache) {
   const std::vector<int64_t> offsets = evaluation_offsets(text, T, max_windows);
   const auto count = static_cast<int64_t>(offsets.size());
-  CausalLMCache cache;
   LossOptions options;
   options.compute_grad = false;
   double total = 0.0;
@@ -102,7 +107,7 @@ double evaluate_lm(const CausalLM& model, std::string_view text, int64_t T, int6
 }
 
 double LmTrainer::evaluate() {
-  return evaluate_lm(state_.model, data_.validation, config_.seq_len, config_.eval_windows, config_.batch_size);
+  return evaluate_lm(state_.model, data_.validation, config_.seq_len, config_.eval_windows, config_.batch_size, cache_);
 }
 
 std::string LmTrainer::save(const nlohmann::json& metrics) {

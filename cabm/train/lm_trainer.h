@@ -58,13 +58,15 @@ class LmTrainer {
   TextSplit data_;
   TrainingState<CausalLM> state_;
   CausalLMCache cache_;
-  std::vector<Tensor> inputs_, targets_;  // accum × I64 [B, T]
+  std::vector<Tensor> inputs_, targets_;   // accum × I64 [B, T]
   Tensor global_inputs_, global_targets_;  // data parallelism: I64 [K·B, T], this rank's rows copied out
-  std::vector<int64_t> eval_offsets_;
 };
 
 // Mean loss (nats per byte) of `model` over windows of `text` (evaluation_offsets), in eval
-// mode, B windows at a time.
+// mode, B windows at a time. The overload with a cache runs in its workspaces (a trainer passes
+// its training cache: its activations are dead between steps, and fresh ones cost page faults).
 double evaluate_lm(const CausalLM& model, std::string_view text, int64_t T, int64_t max_windows, int64_t B);
+double evaluate_lm(const CausalLM& model, std::string_view text, int64_t T, int64_t max_windows, int64_t B,
+                   CausalLMCache& cache);
 
 }  // namespace cabm

@@ -88,6 +88,31 @@ TEST(Resume, BitExactAfterRestart) {
   EXPECT_EQ(straight.evaluate(), second.evaluate());
 }
 
+// A trainer evaluates in its training cache (no fresh activations): validations between steps
+// (6 windows in batches of 4: the last batch smaller than a training one) change no step's loss
+// or weight, and each equals evaluate_lm in a fresh cache; in both precisions.
+TEST(Resume, ValidationBetweenStepsChangesNothing) {
+  test::ScopedThreads threads(2);
+  for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
+    TrainConfig config = tiny_config(fresh_dir("no_eval"));
+    config.precision = precision;
+    config.eval_windows = 6;
+    LmTrainer plain(config, tiny_text());
+    config.out_dir = fresh_dir("with_eval");
+    LmTrainer evaluated(config, tiny_text());
+    for (int s = 0; s < 4; ++s) {
+      EXPECT_EQ(evaluated.train_step().loss, plain.train_step().loss) << "step " << s + 1;
+      const double in_cache = evaluated.evaluate();
+      EXPECT_TRUE(std::isfinite(in_cache));
+      EXPECT_EQ(in_cache, evaluate_lm(evaluated.model(), tiny_text().validation, config.seq_len, config.eval_windows,
+                                      config.batch_size));
+    }
+    for (size_t i = 0; i < plain.parameters().size(); ++i)
+      EXPECT_EQ(plain.parameters()[i].tensor.to_vector(), evaluated.parameters()[i].tensor.to_vector())
+          << plain.parameters()[i].name;
+  }
+}
+
 TEST(Checkpoint, LayoutAndKeepPolicy) {
   const std::string out = fresh_dir("layout");
   LmTrainer trainer(tiny_config(out), tiny_text());
