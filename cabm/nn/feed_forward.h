@@ -17,9 +17,13 @@ FeedForward make_feed_forward(int64_t E, int64_t F, Activation activation, bool 
 
 struct FeedForwardCache {
   Tensor pre_activation;  // [rows, F]: linear1's output
-  Tensor hidden;          // [rows, F]: dropout(act(pre_activation)), input of linear2
+  Tensor hidden;          // [rows, F]: dropout(act(pre_activation)), input of linear2 (fp32 layers)
   DropoutArgs dropout;    // the hidden dropout of the last forward (inactive in eval)
-  Tensor d_hidden;        // [rows, F]: backward scratch
+  // Mixed precision: linear1's and linear2's inputs rounded to bf16 by the forward, for the
+  // backward (linear_forward's x_bf16); undefined with fp32 layers. With a bf16 linear2 the fp32
+  // hidden is dead once rounded: it is written to a per-thread buffer, and `hidden` is undefined.
+  Tensor x_bf16, hidden_bf16;  // BF16 [rows, E], [rows, F]
+  Tensor d_hidden;             // [rows, F]: backward scratch
 };
 
 // x, y: [rows, E] row views. `dropout` applies to the hidden layer (default: none).

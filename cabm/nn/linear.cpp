@@ -56,7 +56,7 @@ MatrixRefBf16 bf16_ref(const Tensor& t, bool transposed = false) {
 
 }  // namespace
 
-void linear_forward(const Linear& layer, const Tensor& x, const Tensor& y) {
+void linear_forward(const Linear& layer, const Tensor& x, const Tensor& y, Tensor* x_bf16) {
   const int64_t rows = x.size(0), in = layer.in_features(), out = layer.out_features();
   CABM_CHECK(x.dim() == 2 && x.size(1) == in && x.stride(1) == 1, "Linear input {} must be [rows, {}]",
              shape_str(x.shape()), in);
@@ -77,9 +77,18 @@ void linear_forward(const Linear& layer, const Tensor& x, const Tensor& y) {
   }
   if (layer.weight_bf16.defined()) {
     check_bf16_copy(layer);
-    gemm_bf16(bf16_ref(rounded(x, 0)), bf16_ref(layer.weight_bf16, /*transposed=*/true), yp, y.stride(0), 1.0f, beta);
+    Tensor x_b;
+    if (x_bf16) {
+      ensure_shape(*x_bf16, {rows, in}, DType::BF16);
+      round_to_bf16(x, *x_bf16);
+      x_b = *x_bf16;
+    } else {
+      x_b = rounded(x, 0);
+    }
+    gemm_bf16(bf16_ref(x_b), bf16_ref(layer.weight_bf16, /*transposed=*/true), yp, y.stride(0), 1.0f, beta);
     return;
   }
+  if (x_bf16) *x_bf16 = Tensor();
   const MatrixRef a{x.data<float>(), rows, in, x.stride(0)};
   const MatrixRef w_t{layer.weight.data<float>(), in, out, layer.weight.stride(0), /*transposed=*/true};
   gemm(a, w_t, yp, y.stride(0), 1.0f, beta);
@@ -116,10 +125,21 @@ void add_column_sums(const Tensor& x, float* out) {
 }
 
 void linear_backward(const Linear& layer, const Tensor& x, const Tensor& dy, const Tensor& dx, Linear& grad,
-                     bool accumulate_dx) {
-  const int64_t rows = x.size(0), in = layer.in_features(), out = layer.out_features();
-  CABM_CHECK(x.dim() == 2 && x.size(1) == in && x.stride(1) == 1, "Linear input {} must be [rows, {}]",
-             shape_str(x.shape()), in);
+                     bool accumulate_dx, const Tensor* x_bf16) {
+  const int64_t in = layer.in_features(), out = layer.out_features();
+  // With a kept bf16 input, x itself is not read and may be undefined.
+  const bool kept = x_bf16 && x_bf16->defined();
+  if (kept) {
+    CABM_CHECK(layer.weight_bf16.defined(), "Linear: a kept bf16 input, but the layer has no bf16 weight");
+    CABM_CHECK(x_bf16->dtype() == DType::BF16 && x_bf16->dim() == 2 && x_bf16->size(1) == in &&
+                   x_bf16->stride(1) == 1 && (!x.defined() || x.shape() == x_bf16->shape()),
+               "Linear: the kept bf16 input {} {} must be BF16 [rows, {}] (input {})", dtype_name(x_bf16->dtype()),
+               shape_str(x_bf16->shape()), in, x.defined() ? shape_str(x.shape()) : "undefined");
+  } else {
+    CABM_CHECK(x.defined() && x.dim() == 2 && x.size(1) == in && x.stride(1) == 1, "Linear input {} must be [rows, {}]",
+               x.defined() ? shape_str(x.shape()) : "undefined", in);
+  }
+  const int64_t rows = kept ? x_bf16->size(0) : x.size(0);
   CABM_CHECK(dy.dim() == 2 && dy.size(0) == rows && dy.size(1) == out && dy.stride(1) == 1,
              "Linear output gradient {} must be [{}, {}]", shape_str(dy.shape()), rows, out);
   CABM_CHECK(grad.weight.shape() == layer.weight.shape() && grad.weight.stride(1) == 1,
@@ -130,7 +150,8 @@ void linear_backward(const Linear& layer, const Tensor& x, const Tensor& dy, con
                "Linear input gradient {} must be [{}, {}]", shape_str(dx.shape()), rows, in);
   if (layer.weight_bf16.defined()) {
     check_bf16_copy(layer);
-    // The same three products on bf16 operands: dy and x rounded once each, fp32 accumulation.
+    // The same three products on bf16 operands: dy and x rounded once each (x by the forward when
+    // it kept x_bf16), fp32 accumulation.
     // The bias gradient sums the fp32 dy (a reduction, not a product), in the pass that rounds it.
     Tensor dy_b;
     if (grad.bias.defined()) {
@@ -142,7 +163,7 @@ void linear_backward(const Linear& layer, const Tensor& x, const Tensor& dy, con
     } else {
       dy_b = rounded(dy, 0);
     }
-    const Tensor x_b = rounded(x, 1);
+    const Tensor x_b = kept ? *x_bf16 : rounded(x, 1);
     gemm_bf16(bf16_ref(dy_b, /*transposed=*/true), bf16_ref(x_b), grad.weight.data<float>(), grad.weight.stride(0),
               1.0f, 1.0f);
     if (dx.defined())

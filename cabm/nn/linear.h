@@ -30,7 +30,11 @@ struct Linear {
 Linear make_linear(int64_t in_features, int64_t out_features, bool bias);  // zero parameters
 
 // x: [rows, in], y: [rows, out] — 2-d views with unit column stride (row strides free).
-void linear_forward(const Linear& layer, const Tensor& x, const Tensor& y);
+// x_bf16 (optional, kept by the caller between forward and backward): a bf16 layer rounds x into
+// it (BF16 [rows, in], reallocated only when it does not fit) and linear_backward, handed it,
+// uses it instead of rounding x again, as PyTorch's autocast saves the bf16 cast of a matmul's
+// input for the backward; an fp32 layer releases it, so a stale copy is never used.
+void linear_forward(const Linear& layer, const Tensor& x, const Tensor& y, Tensor* x_bf16 = nullptr);
 
 // With y = x Wᵀ + b (y_rc = Σ_k x_rk W_ck + b_c):
 //   dx  = dy W          [rows, in]   (written, or added when accumulate_dx)
@@ -38,8 +42,10 @@ void linear_forward(const Linear& layer, const Tensor& x, const Tensor& y);
 //   db += Σ_rows dy     [out]
 // x: [rows, in] the forward input; dy: [rows, out]; dx: [rows, in] or undefined (skipped).
 // grad: same shapes as layer (its weight may be a strided view, e.g. of a packed gradient).
+// x_bf16: what linear_forward rounded x into, or null or undefined (a bf16 layer rounds x here);
+// when it is given, x is not read and may be undefined.
 void linear_backward(const Linear& layer, const Tensor& x, const Tensor& dy, const Tensor& dx, Linear& grad,
-                     bool accumulate_dx = false);
+                     bool accumulate_dx = false, const Tensor* x_bf16 = nullptr);
 
 // The layer's weights (and bf16 copy, if any) without its bias: for callers that add the bias in
 // the pass that follows the product (the activation, or a residual add and LayerNorm).

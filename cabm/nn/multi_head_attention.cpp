@@ -164,7 +164,7 @@ const Tensor& multi_head_attention_heads(const MultiHeadAttention& mha, const At
     drop_views(cache.q, cache.k, cache.v);
     ensure_shape(cache.qkv, {B, N, mha.qkv_dim()});
     const Linear fused{mha.in_proj_weight, mha.in_proj_bias, mha.in_proj_weight_bf16};
-    linear_forward(fused, as_rows(in.query.contiguous()), as_rows(cache.qkv));
+    linear_forward(fused, as_rows(in.query.contiguous()), as_rows(cache.qkv), &cache.query_bf16);
     split_qkv(mha, cache.qkv, B, N, cache.q, cache.k, cache.v);
   } else {
     const Linear* projections[3] = {&mha.q_proj, &mha.k_proj, &mha.v_proj};
@@ -218,7 +218,7 @@ const Tensor& multi_head_attention_forward(const MultiHeadAttention& mha, const 
   multi_head_attention_heads(mha, in, cache);
   const int64_t B = in.query.size(0), N = in.query.size(1), E = mha.embed_dim();
   ensure_shape(cache.output, {B, N, E});
-  linear_forward(mha.out_proj, as_rows(cache.attn), as_rows(cache.output));
+  linear_forward(mha.out_proj, as_rows(cache.attn), as_rows(cache.output), &cache.attn_bf16);
   return cache.output;
 }
 
@@ -257,7 +257,8 @@ void multi_head_attention_backward(const MultiHeadAttention& mha, const Attentio
 
   // out_proj: d(attn) = dout W_O;  dW_O += doutᵀ attn;  db_O += Σ dout.
   ensure_shape(cache.d_attn, {B, N, E});
-  linear_backward(mha.out_proj, as_rows(cache.attn), as_rows(dout), as_rows(cache.d_attn), grads.out_proj);
+  linear_backward(mha.out_proj, as_rows(cache.attn), as_rows(dout), as_rows(cache.d_attn), grads.out_proj, false,
+                  &cache.attn_bf16);
 
   // Attention: dQ, dK, dV (head views of [B, *, E or Ekv] buffers).
   const int64_t head_counts[3] = {H, mha.num_kv_heads(), mha.num_kv_heads()};
@@ -289,7 +290,8 @@ void multi_head_attention_backward(const MultiHeadAttention& mha, const Attentio
     // One GEMM pair for the packed projection: d(input) = d(QKV) W_in, dW_in += d(QKV)ᵀ input.
     const Linear fused{mha.in_proj_weight, mha.in_proj_bias, mha.in_proj_weight_bf16};
     Linear fused_grad{grads.in_proj_weight, grads.in_proj_bias, Tensor()};
-    linear_backward(fused, as_rows(in.query.contiguous()), as_rows(cache.d_qkv), rows_of(dinputs.query), fused_grad);
+    linear_backward(fused, as_rows(in.query.contiguous()), as_rows(cache.d_qkv), rows_of(dinputs.query), fused_grad,
+                    false, &cache.query_bf16);
     return;
   }
   auto d_rows = [&](int p, int64_t L) -> Tensor {

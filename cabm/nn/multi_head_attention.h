@@ -97,6 +97,9 @@ struct MultiHeadAttentionCache {
   // the bf16 backward; bf16_kernel says the last forward ran attention_flash_bf16_forward.
   Tensor qkv_bf16;                // BF16 [B, N, E + 2Ekv] (self-attention)
   Tensor q_bf16, k_bf16, v_bf16;  // BF16 [B, N, H, d], [B, M, Hkv, d], [B, M, Hkv, d]
+  // The packed projection's and out_proj's inputs rounded to bf16 by the forward, for the
+  // backward (linear_forward's x_bf16); undefined with fp32 layers.
+  Tensor query_bf16, attn_bf16;  // BF16 [B·N, E] (query_bf16: self-attention)
   bool bf16_kernel = false;
   // Backward scratch.
   Tensor d_attn;              // [B, N, E]

@@ -143,6 +143,52 @@ TEST(MixedPrecision, LinearForwardBackwardBounds) {
   EXPECT_FALSE(bf16.weight_bf16.defined());
 }
 
+// The bf16 input a forward keeps (linear_forward's x_bf16) is x rounded, and a backward handed it
+// (x itself undefined, as a bf16 FFN's hidden layer) gives the gradients of the backward that
+// rounds x itself, bit for bit; an fp32 layer releases it; a kept copy that does not fit the
+// layer is an error naming it. Odd sizes, with and without bias.
+TEST(MixedPrecision, LinearKeptBf16Input) {
+  for (const bool bias : {true, false}) {
+    const int64_t rows = 23 + bias, in = 17, out = 9 + 2 * bias;
+    Linear fp32 = make_linear(in, out, bias);
+    fp32.weight.copy_from(test::random_tensor({out, in}, 5, -0.3f, 0.3f));
+    Linear bf16 = fp32;
+    set_precision(bf16, Precision::kBf16);
+    const Tensor x = test::random_tensor({rows, in}, 6), dy = test::random_tensor({rows, out}, 7);
+    Tensor y_plain = Tensor::empty({rows, out}), y_kept = Tensor::empty({rows, out}), kept;
+    linear_forward(bf16, x, y_plain);
+    linear_forward(bf16, x, y_kept, &kept);
+    EXPECT_EQ(y_kept.to_vector(), y_plain.to_vector());
+    ASSERT_EQ(kept.dtype(), DType::BF16);
+    ASSERT_EQ(kept.shape(), (Shape{rows, in}));
+    Tensor widened = Tensor::empty({rows, in});
+    widen_from_bf16(kept, widened);
+    EXPECT_EQ(widened.to_vector(), rounded_f32(x).to_vector());
+
+    Linear g_plain = make_linear(in, out, bias), g_kept = make_linear(in, out, bias);
+    Tensor dx_plain = Tensor::empty({rows, in}), dx_kept = Tensor::empty({rows, in});
+    linear_backward(bf16, x, dy, dx_plain, g_plain);
+    linear_backward(bf16, Tensor(), dy, dx_kept, g_kept, false, &kept);
+    EXPECT_EQ(dx_kept.to_vector(), dx_plain.to_vector());
+    EXPECT_EQ(g_kept.weight.to_vector(), g_plain.weight.to_vector());
+    if (bias) {
+      EXPECT_EQ(g_kept.bias.to_vector(), g_plain.bias.to_vector());
+    }
+
+    Tensor wrong = Tensor::zeros({rows, in + 1}, DType::BF16);
+    EXPECT_NE(test::error_of([&] {
+                linear_backward(bf16, Tensor(), dy, dx_kept, g_kept, false, &wrong);
+              }).find("kept bf16 input"),
+              std::string::npos);
+    EXPECT_NE(test::error_of([&] {
+                linear_backward(fp32, Tensor(), dy, dx_kept, g_kept, false, &kept);
+              }).find("no bf16 weight"),
+              std::string::npos);
+    linear_forward(fp32, x, y_plain, &kept);
+    EXPECT_FALSE(kept.defined());
+  }
+}
+
 struct AttentionRun {
   Tensor out, dx;
   std::vector<Tensor> grads;
