@@ -2,6 +2,7 @@
 
 #include "cabm/core/threads.h"
 #include "cabm/kernels/activations_item.h"
+#include "cabm/kernels/bf16.h"
 #include "cabm/kernels/cpu_isa.h"
 
 #include <algorithm>
@@ -135,11 +136,23 @@ void bias_gelu_tanh_inplace(const float* bias, float* x, int64_t rows, int64_t F
   });
 }
 
-void bias_activation_backward(Activation act, const float* pre, const float* dh, float* dpre, float* dbias,
-                              int64_t rows, int64_t F) {
-  if (!dbias) return activation_backward(act, pre, dh, dpre, rows * F);
+namespace {
+
+// The calling thread's grow-only buffer of F floats: one fp32 row of a bf16 pass, in L1.
+float* row_scratch(int64_t F) {
+  thread_local std::vector<float> row;
+  if (row.size() < static_cast<size_t>(F)) row.resize(static_cast<size_t>(F));
+  return row.data();
+}
+
+// dpre = dh ⊙ act'(pre) row by row with dbias += Σ_r dpre: row r is computed into row_out(r) and
+// then handed to done(r, row). The column sums run over a fixed partition of the rows (min(rows,
+// 32) chunks, each summed in row order, chunks added in order): the same bits for every thread count.
+template <class RowOut, class Done>
+void backward_with_bias_sums(Activation act, const float* pre, const float* dh, float* dbias, int64_t rows, int64_t F,
+                             RowOut&& row_out, Done&& done) {
   if (rows <= 0 || F <= 0) return;
-  constexpr int64_t kChunks = 32;  // fixed: the sum order does not depend on the thread count
+  constexpr int64_t kChunks = 32;
   const int64_t chunks = std::min<int64_t>(rows, kChunks);
   thread_local std::vector<float> partial;
   partial.assign(static_cast<size_t>(chunks * F), 0.0f);
@@ -151,14 +164,52 @@ void bias_activation_backward(Activation act, const float* pre, const float* dh,
     for (int64_t chunk = c0; chunk < c1; ++chunk) {
       float* acc = partial_data + chunk * F;
       for (int64_t r = rows * chunk / chunks; r < rows * (chunk + 1) / chunks; ++r) {
-        float* out = dpre + r * F;
+        float* out = row_out(r);
         backward_span(gelu, act, pre + r * F, dh + r * F, out, F);
         for (int64_t c = 0; c < F; ++c) acc[c] += out[c];
+        done(r, out);
       }
     }
   });
   for (int64_t chunk = 0; chunk < chunks; ++chunk)
     for (int64_t c = 0; c < F; ++c) dbias[c] += partial_data[chunk * F + c];
+}
+
+}  // namespace
+
+void bias_activation_backward(Activation act, const float* pre, const float* dh, float* dpre, float* dbias,
+                              int64_t rows, int64_t F) {
+  if (!dbias) return activation_backward(act, pre, dh, dpre, rows * F);
+  backward_with_bias_sums(
+      act, pre, dh, dbias, rows, F, [&](int64_t r) { return dpre + r * F; }, [](int64_t, const float*) {});
+}
+
+void bias_activation_forward_bf16(Activation act, const float* bias, float* pre, bf16* hidden, int64_t rows,
+                                  int64_t F) {
+  const GeluSpans gelu = gelu_spans();
+  for_row_blocks(rows, F, [&](int64_t r0, int64_t r1) {
+    float* row = row_scratch(F);
+    for (int64_t r = r0; r < r1; ++r) {
+      forward_span(gelu, act, pre + r * F, bias, bias ? pre + r * F : nullptr, row, F);
+      float_to_bf16(row, hidden + r * F, F);
+    }
+  });
+}
+
+void bias_activation_backward_bf16(Activation act, const float* pre, const float* dh, bf16* dpre, float* dbias,
+                                   int64_t rows, int64_t F) {
+  const auto round_row = [&](int64_t r, const float* row) { float_to_bf16(row, dpre + r * F, F); };
+  if (dbias)
+    return backward_with_bias_sums(
+        act, pre, dh, dbias, rows, F, [&](int64_t) { return row_scratch(F); }, round_row);
+  const GeluSpans gelu = gelu_spans();
+  for_row_blocks(rows, F, [&](int64_t r0, int64_t r1) {
+    float* row = row_scratch(F);
+    for (int64_t r = r0; r < r1; ++r) {
+      backward_span(gelu, act, pre + r * F, dh + r * F, row, F);
+      round_row(r, row);
+    }
+  });
 }
 
 }  // namespace cabm

@@ -16,6 +16,8 @@
 // Results are the same bits for every thread count and every split of the buffer.
 #pragma once
 
+#include "cabm/core/dtype.h"
+
 #include <cstdint>
 
 namespace cabm {
@@ -60,5 +62,14 @@ void bias_gelu_tanh_inplace(const float* bias, float* x, int64_t rows, int64_t F
 // bits for every thread count.
 void bias_activation_backward(Activation act, const float* pre, const float* dh, float* dpre, float* dbias,
                               int64_t rows, int64_t F);
+
+// The same two passes for a mixed-precision feed-forward layer, whose next product reads only the
+// bf16 rounding of what they produce: hidden, resp. dpre, is written as float_to_bf16 of the value
+// the fp32 forms compute (the same bits as those forms followed by float_to_bf16), through an
+// L1-sized per-thread row buffer, so the fp32 [rows, F] result is never stored and read back.
+// dbias sums the fp32 dpre, as in bias_activation_backward. hidden, dpre: BF16 [rows, F].
+void bias_activation_forward_bf16(Activation act, const float* bias, float* pre, bf16* hidden, int64_t rows, int64_t F);
+void bias_activation_backward_bf16(Activation act, const float* pre, const float* dh, bf16* dpre, float* dbias,
+                                   int64_t rows, int64_t F);
 
 }  // namespace cabm

@@ -1,5 +1,7 @@
 #include "cabm/nn/feed_forward.h"
 
+#include "cabm/nn/bf16_util.h"
+
 #include <algorithm>
 
 namespace cabm {
@@ -26,19 +28,30 @@ void feed_forward_forward(const FeedForward& ffn, const Tensor& x, const Tensor&
   const int64_t rows = x.size(0), F = ffn.linear1.out_features();
   ensure_shape(cache.pre_activation, {rows, F});
   const bool mixed = ffn.linear2.weight_bf16.defined();
-  if (mixed)
-    cache.hidden = Tensor();
-  else
-    ensure_shape(cache.hidden, {rows, F});
-  const Tensor hidden_rows = mixed ? hidden_scratch(rows, F) : cache.hidden;
   cache.dropout = dropout;
   // pre = x W1ᵀ (linear1 without_bias: its bias is added by the activation pass, and its gradient
   // summed there), then one pass: pre += b1 (kept for the backward), hidden = act(pre). Adding the
   // bias there rather than through linear_forward saves a pass that broadcasts it into pre.
   linear_forward(without_bias(ffn.linear1), x, cache.pre_activation, &cache.x_bf16);
+  const float* b1 = ffn.linear1.bias.defined() ? ffn.linear1.bias.data<float>() : nullptr;
+  if (mixed) {
+    // linear2 reads only the bf16 rounding of the hidden layer: without dropout the activation
+    // pass writes that rounding directly; with it, the fp32 hidden goes through a per-thread
+    // buffer for the dropout pass and linear2 rounds it.
+    cache.hidden = Tensor();
+    if (!dropout.active()) {
+      ensure_shape(cache.hidden_bf16, {rows, F}, DType::BF16);
+      bias_activation_forward_bf16(ffn.activation, b1, cache.pre_activation.data<float>(),
+                                   cache.hidden_bf16.data<bf16>(), rows, F);
+      linear_forward_rounded(ffn.linear2, cache.hidden_bf16, y);
+      return;
+    }
+  } else {
+    ensure_shape(cache.hidden, {rows, F});
+  }
+  const Tensor hidden_rows = mixed ? hidden_scratch(rows, F) : cache.hidden;
   float* hidden = hidden_rows.data<float>();
-  bias_activation_forward(ffn.activation, ffn.linear1.bias.defined() ? ffn.linear1.bias.data<float>() : nullptr,
-                          cache.pre_activation.data<float>(), hidden, rows, F);
+  bias_activation_forward(ffn.activation, b1, cache.pre_activation.data<float>(), hidden, rows, F);
   if (dropout.active()) dropout_forward(dropout, hidden, hidden, rows * F);
   linear_forward(ffn.linear2, hidden_rows, y, &cache.hidden_bf16);
 }
@@ -58,10 +71,18 @@ void feed_forward_backward(const FeedForward& ffn, const Tensor& x, const Tensor
   // hidden = D(act(pre)): dpre = act'(pre) ⊙ D(dh)  (D is linear: the same mask and scale);
   // db1 += Σ_rows dpre in the same pass.
   if (cache.dropout.active()) dropout_backward(cache.dropout, dh, dh, rows * F);
-  bias_activation_backward(ffn.activation, cache.pre_activation.data<float>(), dh, dh,
-                           grads.linear1.bias.defined() ? grads.linear1.bias.data<float>() : nullptr, rows, F);
-  // linear1: dx = dpre W1, dW1 += dpreᵀ x.
+  float* db1 = grads.linear1.bias.defined() ? grads.linear1.bias.data<float>() : nullptr;
+  // linear1: dx = dpre W1, dW1 += dpreᵀ x. A bf16 linear1 reads only dpre's rounding, which the
+  // activation pass writes directly (its bias gradient still sums the fp32 dpre).
   Linear grads1 = without_bias(grads.linear1);
+  if (ffn.linear1.weight_bf16.defined() && cache.x_bf16.defined()) {
+    const Tensor dpre = bf16_scratch(0, rows, F);
+    bias_activation_backward_bf16(ffn.activation, cache.pre_activation.data<float>(), dh, dpre.data<bf16>(), db1, rows,
+                                  F);
+    linear_backward_rounded(without_bias(ffn.linear1), cache.x_bf16, dpre, dx, grads1);
+    return;
+  }
+  bias_activation_backward(ffn.activation, cache.pre_activation.data<float>(), dh, dh, db1, rows, F);
   linear_backward(without_bias(ffn.linear1), x, cache.d_hidden, dx, grads1, false, &cache.x_bf16);
 }
 

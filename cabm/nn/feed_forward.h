@@ -21,7 +21,8 @@ struct FeedForwardCache {
   DropoutArgs dropout;    // the hidden dropout of the last forward (inactive in eval)
   // Mixed precision: linear1's and linear2's inputs rounded to bf16 by the forward, for the
   // backward (linear_forward's x_bf16); undefined with fp32 layers. With a bf16 linear2 the fp32
-  // hidden is dead once rounded: it is written to a per-thread buffer, and `hidden` is undefined.
+  // hidden is dead once rounded and `hidden` is undefined: without dropout the activation pass
+  // writes hidden_bf16 directly, with dropout the fp32 hidden goes through a per-thread buffer.
   Tensor x_bf16, hidden_bf16;  // BF16 [rows, E], [rows, F]
   Tensor d_hidden;             // [rows, F]: backward scratch
 };

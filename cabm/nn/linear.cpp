@@ -5,6 +5,7 @@
 #include "cabm/nn/bf16_util.h"
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 namespace cabm {
@@ -54,6 +55,27 @@ MatrixRefBf16 bf16_ref(const Tensor& t, bool transposed = false) {
                     : MatrixRefBf16{t.data<bf16>(), t.size(0), t.size(1), t.stride(0), false};
 }
 
+// The bias in every row of y, for the product to add onto: returns the product's beta (1 with a
+// bias, 0 without). On all threads: for the QKV projection of a batch this is megabytes, which one
+// thread writes at a fraction of the rate of two.
+float broadcast_bias(const Linear& layer, const Tensor& y) {
+  if (!layer.bias.defined()) return 0.0f;
+  const float* b = layer.bias.data<float>();
+  float* yp = y.data<float>();
+  const int64_t rows = y.size(0), out = y.size(1), ld = y.stride(0);
+#pragma omp parallel for schedule(static) if (rows * out >= kParallelBroadcast)
+  for (int64_t r = 0; r < rows; ++r) std::copy(b, b + out, yp + r * ld);
+  return 1.0f;
+}
+
+void check_rounded(const Tensor& t, int64_t rows, int64_t cols, const char* what) {
+  CABM_CHECK(t.defined() && t.dtype() == DType::BF16 && t.dim() == 2 && (rows < 0 || t.size(0) == rows) &&
+                 t.size(1) == cols && t.stride(1) == 1,
+             "Linear: the rounded {} {} {} must be BF16 [{}, {}]", what,
+             t.defined() ? dtype_name(t.dtype()) : "undefined", t.defined() ? shape_str(t.shape()) : "",
+             rows < 0 ? std::string("rows") : std::to_string(rows), cols);
+}
+
 }  // namespace
 
 void linear_forward(const Linear& layer, const Tensor& x, const Tensor& y, Tensor* x_bf16) {
@@ -64,17 +86,7 @@ void linear_forward(const Linear& layer, const Tensor& x, const Tensor& y, Tenso
              "Linear output {} must be [{}, {}]", shape_str(y.shape()), rows, out);
   CABM_CHECK(layer.weight.stride(1) == 1, "Linear weight must have unit column stride");
   float* yp = y.data<float>();
-  float beta = 0.0f;
-  if (layer.bias.defined()) {
-    // The bias in every row, for the product to add onto (beta = 1). On all threads: for the
-    // QKV projection of a batch this is megabytes, which one thread writes at a fraction of the
-    // rate of two.
-    const float* b = layer.bias.data<float>();
-    const int64_t ld = y.stride(0);
-#pragma omp parallel for schedule(static) if (rows * out >= kParallelBroadcast)
-    for (int64_t r = 0; r < rows; ++r) std::copy(b, b + out, yp + r * ld);
-    beta = 1.0f;
-  }
+  const float beta = broadcast_bias(layer, y);
   if (layer.weight_bf16.defined()) {
     check_bf16_copy(layer);
     Tensor x_b;
@@ -116,6 +128,16 @@ void add_column_sums_and(const Tensor& x, float* out, RowFn&& also) {
   }
   for (int64_t chunk = 0; chunk < chunks; ++chunk)
     for (int64_t c = 0; c < cols; ++c) out[c] += partial[chunk * cols + c];
+}
+
+// dW += dyᵀ·x and dx = dy·W (or +=) on bf16 operands, fp32 accumulation.
+void bf16_products_backward(const Linear& layer, const Tensor& x_b, const Tensor& dy_b, const Tensor& dx, Linear& grad,
+                            bool accumulate_dx) {
+  gemm_bf16(bf16_ref(dy_b, /*transposed=*/true), bf16_ref(x_b), grad.weight.data<float>(), grad.weight.stride(0), 1.0f,
+            1.0f);
+  if (dx.defined())
+    gemm_bf16(bf16_ref(dy_b), bf16_ref(layer.weight_bf16), dx.data<float>(), dx.stride(0), 1.0f,
+              accumulate_dx ? 1.0f : 0.0f);
 }
 
 }  // namespace
@@ -163,12 +185,7 @@ void linear_backward(const Linear& layer, const Tensor& x, const Tensor& dy, con
     } else {
       dy_b = rounded(dy, 0);
     }
-    const Tensor x_b = kept ? *x_bf16 : rounded(x, 1);
-    gemm_bf16(bf16_ref(dy_b, /*transposed=*/true), bf16_ref(x_b), grad.weight.data<float>(), grad.weight.stride(0),
-              1.0f, 1.0f);
-    if (dx.defined())
-      gemm_bf16(bf16_ref(dy_b), bf16_ref(layer.weight_bf16), dx.data<float>(), dx.stride(0), 1.0f,
-                accumulate_dx ? 1.0f : 0.0f);
+    bf16_products_backward(layer, kept ? *x_bf16 : rounded(x, 1), dy_b, dx, grad, accumulate_dx);
     return;
   }
   // dW[out, in] += dy[rows, out]ᵀ · x[rows, in]
@@ -186,6 +203,36 @@ void linear_backward(const Linear& layer, const Tensor& x, const Tensor& dy, con
     const MatrixRef w{layer.weight.data<float>(), out, in, layer.weight.stride(0)};
     gemm(dym, w, dx.data<float>(), dx.stride(0), 1.0f, accumulate_dx ? 1.0f : 0.0f);
   }
+}
+
+void linear_forward_rounded(const Linear& layer, const Tensor& x_bf16, const Tensor& y) {
+  CABM_CHECK(layer.weight_bf16.defined(), "Linear: a rounded bf16 input, but the layer has no bf16 weight");
+  check_bf16_copy(layer);
+  check_rounded(x_bf16, -1, layer.in_features(), "input");
+  const int64_t rows = x_bf16.size(0), out = layer.out_features();
+  CABM_CHECK(y.dim() == 2 && y.size(0) == rows && y.size(1) == out && y.stride(1) == 1,
+             "Linear output {} must be [{}, {}]", shape_str(y.shape()), rows, out);
+  const float beta = broadcast_bias(layer, y);
+  gemm_bf16(bf16_ref(x_bf16), bf16_ref(layer.weight_bf16, /*transposed=*/true), y.data<float>(), y.stride(0), 1.0f,
+            beta);
+}
+
+void linear_backward_rounded(const Linear& layer, const Tensor& x_bf16, const Tensor& dy_bf16, const Tensor& dx,
+                             Linear& grad, bool accumulate_dx) {
+  CABM_CHECK(layer.weight_bf16.defined(), "Linear: rounded bf16 operands, but the layer has no bf16 weight");
+  CABM_CHECK(!layer.bias.defined() && !grad.bias.defined(),
+             "Linear: a backward from a rounded output gradient has no bias gradient (its sums need fp32)");
+  check_bf16_copy(layer);
+  const int64_t in = layer.in_features(), out = layer.out_features();
+  check_rounded(x_bf16, -1, in, "input");
+  const int64_t rows = x_bf16.size(0);
+  check_rounded(dy_bf16, rows, out, "output gradient");
+  CABM_CHECK(grad.weight.shape() == layer.weight.shape() && grad.weight.stride(1) == 1,
+             "Linear weight gradient {} must be {}", shape_str(grad.weight.shape()), shape_str(layer.weight.shape()));
+  if (dx.defined())
+    CABM_CHECK(dx.dim() == 2 && dx.size(0) == rows && dx.size(1) == in && dx.stride(1) == 1,
+               "Linear input gradient {} must be [{}, {}]", shape_str(dx.shape()), rows, in);
+  bf16_products_backward(layer, x_bf16, dy_bf16, dx, grad, accumulate_dx);
 }
 
 }  // namespace cabm

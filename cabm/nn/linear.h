@@ -47,6 +47,15 @@ void linear_forward(const Linear& layer, const Tensor& x, const Tensor& y, Tenso
 void linear_backward(const Linear& layer, const Tensor& x, const Tensor& dy, const Tensor& dx, Linear& grad,
                      bool accumulate_dx = false, const Tensor* x_bf16 = nullptr);
 
+// The products of a bf16 layer on operands its caller has already rounded to bf16 (BF16 [rows, in]
+// and [rows, out], unit column stride), for passes that write bf16 directly (the feed-forward
+// hidden layer: bias_activation_forward_bf16 and _backward_bf16). The same bits as linear_forward
+// and linear_backward on the fp32 values those roundings came from. linear_backward_rounded has
+// no bias gradient to take (a bias gradient sums the fp32 dy): layer and grad must have no bias.
+void linear_forward_rounded(const Linear& layer, const Tensor& x_bf16, const Tensor& y);
+void linear_backward_rounded(const Linear& layer, const Tensor& x_bf16, const Tensor& dy_bf16, const Tensor& dx,
+                             Linear& grad, bool accumulate_dx = false);
+
 // The layer's weights (and bf16 copy, if any) without its bias: for callers that add the bias in
 // the pass that follows the product (the activation, or a residual add and LayerNorm).
 Linear without_bias(const Linear& layer);

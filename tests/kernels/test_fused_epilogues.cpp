@@ -1,9 +1,13 @@
 // The inference passes that follow a product (cabm/kernels/layernorm.h, activations.h):
 // add_layernorm_forward against the explicit sum and layernorm_forward, bias_activation_inplace
-// against bias_activation_forward (the same bits), bias_gelu_tanh_inplace against its formula in
-// double; over odd widths, aliasing, null parameters and thread counts.
+// against bias_activation_forward (the same bits), bias_activation_{forward,backward}_bf16 against
+// the fp32 forms followed by float_to_bf16 (the same bits, on every instruction set), and
+// bias_gelu_tanh_inplace against its formula in double; over odd widths, aliasing, null parameters
+// and thread counts.
 #include "cabm/kernels/activations.h"
+#include "cabm/kernels/bf16.h"
 #include "cabm/kernels/layernorm.h"
+#include "util/simd_isas.h"
 #include "util/test_util.h"
 
 #include <cfloat>
@@ -92,6 +96,49 @@ TEST(BiasActivationInplace, SameBitsAsBiasActivationForward) {
               << "F " << F << " threads " << threads;
         }
       }
+}
+
+std::vector<bf16> rounded(const std::vector<float>& x) {
+  std::vector<bf16> out(x.size());
+  float_to_bf16(x.data(), out.data(), static_cast<int64_t>(x.size()));
+  return out;
+}
+
+bool same_bits(const std::vector<bf16>& a, const std::vector<bf16>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(bf16)) == 0;
+}
+
+TEST(BiasActivationBf16, SameBitsAsFp32FormsRounded) {
+  for (SimdIsa isa : test::runnable_isas("GELU"))
+    for (int threads : {1, 2})
+      for (Activation act : {Activation::kRelu, Activation::kGelu})
+        for (int64_t F : {1, 13, 16, 1000}) {
+          test::ScopedSimdIsa pinned(isa);
+          test::ScopedThreads scoped(threads);
+          for (int64_t rows : {int64_t{1}, int64_t{37}, int64_t{131}}) {
+            SCOPED_TRACE(testing::Message() << simd_isa_name(isa) << " threads " << threads << " F " << F << " rows "
+                                            << rows << " act " << int(act));
+            const int64_t n = rows * F;
+            const std::vector<float> x = random_floats(n, 10 + F, -6, 6), bias = random_floats(F, 11);
+            const std::vector<float> dh = random_floats(n, 12 + rows);
+            for (const float* b : {bias.data(), static_cast<const float*>(nullptr)}) {
+              std::vector<float> pre = x, hidden(n), pre_b = x;
+              std::vector<bf16> hidden_b(n);
+              bias_activation_forward(act, b, pre.data(), hidden.data(), rows, F);
+              bias_activation_forward_bf16(act, b, pre_b.data(), hidden_b.data(), rows, F);
+              EXPECT_EQ(0, std::memcmp(pre.data(), pre_b.data(), n * sizeof(float))) << "pre, bias " << (b != nullptr);
+              EXPECT_TRUE(same_bits(hidden_b, rounded(hidden))) << "hidden, bias " << (b != nullptr);
+
+              std::vector<float> dpre(n), db(F, 0.25f), db_b(F, 0.25f);
+              std::vector<bf16> dpre_b(n);
+              bias_activation_backward(act, pre.data(), dh.data(), dpre.data(), b ? db.data() : nullptr, rows, F);
+              bias_activation_backward_bf16(act, pre.data(), dh.data(), dpre_b.data(), b ? db_b.data() : nullptr, rows,
+                                            F);
+              EXPECT_TRUE(same_bits(dpre_b, rounded(dpre))) << "dpre, bias " << (b != nullptr);
+              EXPECT_EQ(0, std::memcmp(db.data(), db_b.data(), F * sizeof(float))) << "dbias";
+            }
+          }
+        }
 }
 
 TEST(BiasGeluTanhInplace, MatchesTheFormula) {

@@ -21,6 +21,7 @@
 #include "cabm/kernels/gemm.h"
 #include "cabm/nn/bf16_util.h"
 #include "cabm/nn/causal_lm.h"
+#include "cabm/nn/feed_forward.h"
 #include "cabm/nn/init.h"
 #include "cabm/nn/mixed_precision.h"
 #include "cabm/nn/parameters.h"
@@ -187,6 +188,97 @@ TEST(MixedPrecision, LinearKeptBf16Input) {
     linear_forward(fp32, x, y_plain, &kept);
     EXPECT_FALSE(kept.defined());
   }
+}
+
+// The bf16 feed-forward layer writes its hidden layer and dpre as bf16 straight from the
+// activation passes (without dropout): the same bits as the unfused composition of
+// linear_forward, bias_activation_forward, dropout and linear_backward on fp32 buffers.
+TEST(MixedPrecision, FeedForwardFusedRoundingMatchesComposition) {
+  for (const bool bias : {true, false})
+    for (Activation act : {Activation::kRelu, Activation::kGelu})
+      for (const float p : {0.0f, 0.3f}) {
+        SCOPED_TRACE(testing::Message() << "bias " << bias << " act " << int(act) << " dropout " << p);
+        const int64_t rows = 29, E = 24, F = 61;
+        FeedForward ffn = make_feed_forward(E, F, act, bias);
+        ffn.linear1.weight.copy_from(test::random_tensor({F, E}, 21, -0.4f, 0.4f));
+        ffn.linear2.weight.copy_from(test::random_tensor({E, F}, 22, -0.3f, 0.3f));
+        if (bias) {
+          ffn.linear1.bias.copy_from(test::random_tensor({F}, 23, -0.5f, 0.5f));
+          ffn.linear2.bias.copy_from(test::random_tensor({E}, 24, -0.5f, 0.5f));
+        }
+        set_precision(ffn.linear1, Precision::kBf16);
+        set_precision(ffn.linear2, Precision::kBf16);
+        const Tensor x = test::random_tensor({rows, E}, 25), dy = test::random_tensor({rows, E}, 26);
+        const DropoutArgs dropout{p, 7, 3};
+
+        FeedForwardCache cache;
+        Tensor y = Tensor::empty({rows, E}), dx = Tensor::empty({rows, E});
+        FeedForward grads = make_feed_forward(E, F, act, bias);
+        feed_forward_forward(ffn, x, y, cache, dropout);
+        feed_forward_backward(ffn, x, dy, dx, cache, grads);
+
+        // The composition, every intermediate in fp32.
+        Tensor pre = Tensor::empty({rows, F}), hidden = Tensor::empty({rows, F});
+        linear_forward(without_bias(ffn.linear1), x, pre);
+        bias_activation_forward(act, bias ? ffn.linear1.bias.data<float>() : nullptr, pre.data<float>(),
+                                hidden.data<float>(), rows, F);
+        dropout_forward(dropout, hidden.data<float>(), hidden.data<float>(), rows * F);
+        Tensor y_want = Tensor::empty({rows, E});
+        linear_forward(ffn.linear2, hidden, y_want);
+        EXPECT_EQ(y.to_vector(), y_want.to_vector());
+        EXPECT_EQ(cache.pre_activation.to_vector(), pre.to_vector());
+
+        FeedForward want = make_feed_forward(E, F, act, bias);
+        Tensor dh = Tensor::empty({rows, F}), dx_want = Tensor::empty({rows, E});
+        linear_backward(ffn.linear2, hidden, dy, dh, want.linear2);
+        dropout_backward(dropout, dh.data<float>(), dh.data<float>(), rows * F);
+        bias_activation_backward(act, pre.data<float>(), dh.data<float>(), dh.data<float>(),
+                                 bias ? want.linear1.bias.data<float>() : nullptr, rows, F);
+        Linear want1 = without_bias(want.linear1);
+        linear_backward(without_bias(ffn.linear1), x, dh, dx_want, want1);
+        EXPECT_EQ(dx.to_vector(), dx_want.to_vector());
+        NamedTensors got, expected;
+        for (auto [from, to] : {std::pair{&grads, &got}, std::pair{&want, &expected}}) {
+          append_parameters(from->linear1, "linear1.", *to);
+          append_parameters(from->linear2, "linear2.", *to);
+        }
+        ASSERT_EQ(got.size(), expected.size());
+        for (size_t i = 0; i < got.size(); ++i)
+          EXPECT_EQ(got[i].tensor.to_vector(), expected[i].tensor.to_vector()) << got[i].name;
+      }
+}
+
+TEST(MixedPrecision, LinearRoundedOperands) {
+  const int64_t rows = 19, in = 13, out = 7;
+  Linear fp32 = make_linear(in, out, false);
+  fp32.weight.copy_from(test::random_tensor({out, in}, 31, -0.5f, 0.5f));
+  Linear bf16 = fp32;
+  set_precision(bf16, Precision::kBf16);
+  const Tensor x = test::random_tensor({rows, in}, 32), dy = test::random_tensor({rows, out}, 33);
+  Tensor x_b = Tensor::empty({rows, in}, DType::BF16), dy_b = Tensor::empty({rows, out}, DType::BF16);
+  round_to_bf16(x, x_b);
+  round_to_bf16(dy, dy_b);
+  Tensor y = Tensor::empty({rows, out}), y_want = Tensor::empty({rows, out});
+  linear_forward_rounded(bf16, x_b, y);
+  linear_forward(bf16, x, y_want);
+  EXPECT_EQ(y.to_vector(), y_want.to_vector());
+  Linear g = make_linear(in, out, false), g_want = make_linear(in, out, false);
+  Tensor dx = Tensor::full({rows, in}, 1.0f), dx_want = Tensor::full({rows, in}, 1.0f);
+  linear_backward_rounded(bf16, x_b, dy_b, dx, g, /*accumulate_dx=*/true);
+  linear_backward(bf16, x, dy, dx_want, g_want, /*accumulate_dx=*/true);
+  EXPECT_EQ(dx.to_vector(), dx_want.to_vector());
+  EXPECT_EQ(g.weight.to_vector(), g_want.weight.to_vector());
+
+  EXPECT_NE(test::error_of([&] { linear_forward_rounded(fp32, x_b, y); }).find("no bf16 weight"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { linear_forward_rounded(bf16, x, y); }).find("rounded input"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { linear_backward_rounded(bf16, x_b, x_b, dx, g); }).find("rounded output gradient"),
+            std::string::npos);
+  Linear with_bias = make_linear(in, out, true);
+  with_bias.weight.copy_from(fp32.weight);
+  set_precision(with_bias, Precision::kBf16);
+  Linear g_bias = make_linear(in, out, true);
+  EXPECT_NE(test::error_of([&] { linear_backward_rounded(with_bias, x_b, dy_b, dx, g_bias); }).find("bias"),
+            std::string::npos);
 }
 
 struct AttentionRun {
