@@ -68,6 +68,20 @@ float broadcast_bias(const Linear& layer, const Tensor& y) {
   return 1.0f;
 }
 
+// y = x_b·W_bf16ᵀ + beta·y: the forward product of a bf16 layer on its rounded input.
+void bf16_product_forward(const Linear& layer, const Tensor& x_b, const Tensor& y, float beta) {
+  gemm_bf16(bf16_ref(x_b), bf16_ref(layer.weight_bf16, /*transposed=*/true), y.data<float>(), y.stride(0), 1.0f, beta);
+}
+
+// The weight and input gradients of a backward over `rows` rows have the layer's shapes.
+void check_gradient_shapes(const Linear& layer, int64_t rows, const Tensor& dx, const Linear& grad) {
+  CABM_CHECK(grad.weight.shape() == layer.weight.shape() && grad.weight.stride(1) == 1,
+             "Linear weight gradient {} must be {}", shape_str(grad.weight.shape()), shape_str(layer.weight.shape()));
+  if (dx.defined())
+    CABM_CHECK(dx.dim() == 2 && dx.size(0) == rows && dx.size(1) == layer.in_features() && dx.stride(1) == 1,
+               "Linear input gradient {} must be [{}, {}]", shape_str(dx.shape()), rows, layer.in_features());
+}
+
 void check_rounded(const Tensor& t, int64_t rows, int64_t cols, const char* what) {
   CABM_CHECK(t.defined() && t.dtype() == DType::BF16 && t.dim() == 2 && (rows < 0 || t.size(0) == rows) &&
                  t.size(1) == cols && t.stride(1) == 1,
@@ -97,7 +111,7 @@ void linear_forward(const Linear& layer, const Tensor& x, const Tensor& y, Tenso
     } else {
       x_b = rounded(x, 0);
     }
-    gemm_bf16(bf16_ref(x_b), bf16_ref(layer.weight_bf16, /*transposed=*/true), yp, y.stride(0), 1.0f, beta);
+    bf16_product_forward(layer, x_b, y, beta);
     return;
   }
   if (x_bf16) *x_bf16 = Tensor();
@@ -164,12 +178,8 @@ void linear_backward(const Linear& layer, const Tensor& x, const Tensor& dy, con
   const int64_t rows = kept ? x_bf16->size(0) : x.size(0);
   CABM_CHECK(dy.dim() == 2 && dy.size(0) == rows && dy.size(1) == out && dy.stride(1) == 1,
              "Linear output gradient {} must be [{}, {}]", shape_str(dy.shape()), rows, out);
-  CABM_CHECK(grad.weight.shape() == layer.weight.shape() && grad.weight.stride(1) == 1,
-             "Linear weight gradient {} must be {}", shape_str(grad.weight.shape()), shape_str(layer.weight.shape()));
+  check_gradient_shapes(layer, rows, dx, grad);
   CABM_CHECK(grad.bias.defined() == layer.bias.defined(), "Linear bias gradient must match the layer's bias");
-  if (dx.defined())
-    CABM_CHECK(dx.dim() == 2 && dx.size(0) == rows && dx.size(1) == in && dx.stride(1) == 1,
-               "Linear input gradient {} must be [{}, {}]", shape_str(dx.shape()), rows, in);
   if (layer.weight_bf16.defined()) {
     check_bf16_copy(layer);
     // The same three products on bf16 operands: dy and x rounded once each (x by the forward when
@@ -212,9 +222,7 @@ void linear_forward_rounded(const Linear& layer, const Tensor& x_bf16, const Ten
   const int64_t rows = x_bf16.size(0), out = layer.out_features();
   CABM_CHECK(y.dim() == 2 && y.size(0) == rows && y.size(1) == out && y.stride(1) == 1,
              "Linear output {} must be [{}, {}]", shape_str(y.shape()), rows, out);
-  const float beta = broadcast_bias(layer, y);
-  gemm_bf16(bf16_ref(x_bf16), bf16_ref(layer.weight_bf16, /*transposed=*/true), y.data<float>(), y.stride(0), 1.0f,
-            beta);
+  bf16_product_forward(layer, x_bf16, y, broadcast_bias(layer, y));
 }
 
 void linear_backward_rounded(const Linear& layer, const Tensor& x_bf16, const Tensor& dy_bf16, const Tensor& dx,
@@ -227,11 +235,7 @@ void linear_backward_rounded(const Linear& layer, const Tensor& x_bf16, const Te
   check_rounded(x_bf16, -1, in, "input");
   const int64_t rows = x_bf16.size(0);
   check_rounded(dy_bf16, rows, out, "output gradient");
-  CABM_CHECK(grad.weight.shape() == layer.weight.shape() && grad.weight.stride(1) == 1,
-             "Linear weight gradient {} must be {}", shape_str(grad.weight.shape()), shape_str(layer.weight.shape()));
-  if (dx.defined())
-    CABM_CHECK(dx.dim() == 2 && dx.size(0) == rows && dx.size(1) == in && dx.stride(1) == 1,
-               "Linear input gradient {} must be [{}, {}]", shape_str(dx.shape()), rows, in);
+  check_gradient_shapes(layer, rows, dx, grad);
   bf16_products_backward(layer, x_bf16, dy_bf16, dx, grad, accumulate_dx);
 }
 
