@@ -2,8 +2,11 @@
 # Builds cabm (release preset, warnings in cabm's code as errors) and runs every test with
 # ctest; then builds the suite again with AddressSanitizer + UBSan (asan preset) and runs it
 # there too (issue 16: memory errors and undefined behaviour that pass unnoticed in a release
-# build); then builds the libFuzzer targets (fuzz preset, clang 14) and runs every one of them
-# for a bounded time, two at a time, from a corpus written fresh from the seeds
+# build). The asan build is also the portable one (-DCABM_NATIVE=OFF, issue 12): its tests run
+# the variants chosen at run time from CPUID with the rest of the library compiled for baseline
+# x86-64, where the release build compiles that rest for this machine's CPU. Then it builds the
+# libFuzzer targets (fuzz preset, clang 14) and runs every one of them for a bounded time, two
+# at a time, from a corpus written fresh from the seeds
 # (scripts/fuzz.sh with FUZZ_OUT=build/fuzz/ci): a crash, sanitizer report, leak, out-of-memory
 # or timeout fails the command. The fuzz pass also proves that scripts/setup.sh installs what
 # the fuzz build needs. This is the README's test command and what CI runs.

@@ -268,7 +268,9 @@ inline bool all_equal(Vec a, Vec b) {
 inline Vec exp2_nonpositive(Vec x) {
   Vec r;
   for (int l = 0; l < kWidth; ++l) {
-    const float xc = x.v[l] < -127.0f ? -127.0f : x.v[l];
+    // NaN takes the clamp too (the comparison is false): converting a NaN n to int32 is undefined
+    // behaviour, and the lane is masked to 0 below anyway (tanh of NaN reaches here).
+    const float xc = x.v[l] >= -127.0f ? x.v[l] : -127.0f;
     // Round to nearest by the 1.5·2^23 trick (exact for |x| < 2^22), which vectorises without SSE4.1.
     const float n = (xc + 12582912.0f) - 12582912.0f;
     const float f = xc - n;
