@@ -19,17 +19,10 @@
 #include <string>
 #include <vector>
 
-namespace cabm {
+// Inside the helpers' namespace: test::'s names (Dims, FlashCase, Outcome, expect_within, ...) and
+// util/flash_bf16_cases.h's without using-declarations.
+namespace cabm::test::flash_bf16 {
 namespace {
-
-using test::Dims;
-using test::expect_within;
-using test::FlashCase;
-using test::kU;
-using test::MaskCase;
-using test::max_abs;
-using test::Outcome;
-using namespace test::flash_bf16;
 
 // --- forward ----------------------------------------------------------------------------------
 
@@ -284,4 +277,4 @@ TEST(AttentionFlashBf16, SimdRoundToBf16MatchesScalar) {
 }
 
 }  // namespace
-}  // namespace cabm
+}  // namespace cabm::test::flash_bf16
