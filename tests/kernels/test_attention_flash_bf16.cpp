@@ -37,6 +37,9 @@ void check_forward(const FlashCase& c) {
   const double rel = 2.0 * test::relative_bound(c.s, smax);
   Outcome portable;
   for (const PathSetting& setting : forward_paths()) {
+    const Outcome base = setting.isa == Bf16Isa::kPortable
+                             ? portable
+                             : portable_on_tiles_of(setting, in, c.options, c.config, false, portable);
     ScopedPath scoped(setting);
     const std::string path = attention_flash_bf16_path();
     const Outcome r = run_bf16(in, c.options, c.config, false);
@@ -46,8 +49,8 @@ void check_forward(const FlashCase& c) {
     if (setting.isa == Bf16Isa::kPortable) {
       portable = r;
     } else {
-      expect_within(r.out, portable.out, rel * keep * vmax + 2.0 * kUBf16 * w.max_a * vmax, path + " out vs portable");
-      EXPECT_CLOSE(r.lse, portable.lse, 4.0 * kU, rel * (1.0 + smax));
+      expect_within(r.out, base.out, rel * keep * vmax + 2.0 * kUBf16 * w.max_a * vmax, path + " out vs portable");
+      EXPECT_CLOSE(r.lse, base.lse, 4.0 * kU, rel * (1.0 + smax));
     }
   }
 }
@@ -120,6 +123,20 @@ TEST(AttentionFlashBf16, ForwardHeadDimsAndTails) {
         c.options.mask = mc.make(s);
         check_forward(c);
       }
+}
+
+// Sequences long enough for the AMX forward's wide default tiles (ForwardTilesPerPath): key tiles
+// clipped at the causal diagonal and at padding, a tail tile, dropout; every forward path.
+TEST(AttentionFlashBf16, ForwardWideTilesOfLongSequences) {
+  const Dims s{2, 290, 900, 1, 40, 24};
+  for (const MaskCase& mc : test::pick(mask_cases(), {"none", "causal", "causal_top_left", "causal_and_padding"}))
+    for (float dropout : {0.0f, 0.2f}) {
+      SCOPED_TRACE("mask " + mc.name + " dropout " + std::to_string(dropout));
+      FlashCase c{s, {}, {}, false, 11};
+      c.options.mask = mc.make(s);
+      c.options.dropout = dropout;
+      check_forward(c);
+    }
 }
 
 // Every forward path gives the same bits for 1 and 2 threads (each row is one thread's work).
@@ -228,6 +245,38 @@ TEST(AttentionFlashBf16, AmxPathIsTested) {
   if (!bf16_amx_active()) GTEST_SKIP() << "CABM_NO_AMX or CABM_FORCE_PORTABLE set: amx_bf16 tested only emulated";
   EXPECT_TRUE(has(path_names(forward_paths(), &attention_flash_bf16_path), "amx_bf16"));
   EXPECT_TRUE(has(path_names(backward_paths(), &attention_flash_bf16_backward_path), "amx_bf16"));
+}
+
+// The AMX forward's default tiles are wider (32 × 768) except where a narrow band or blocks, or a
+// short sequence, keep flash_resolved_config's; every other path takes those; explicit sizes win
+// on every path.
+TEST(AttentionFlashBf16, ForwardTilesPerPath) {
+  const Tensor q = Tensor::empty({1, 1024, 2, 64}, DType::BF16), short_q = Tensor::empty({1, 200, 2, 64}, DType::BF16);
+  AttentionOptions none, causal, window;
+  causal.mask = Mask::causal();
+  window.mask = Mask::sliding_window(64, 0);
+  for (const PathSetting& setting : forward_paths()) {
+    ScopedPath scoped(setting);
+    const std::string path = attention_flash_bf16_path();
+    SCOPED_TRACE(path);
+    const bool amx = path.rfind("amx_bf16", 0) == 0;
+    const auto tiles = [](const Tensor& x, const AttentionOptions& o, FlashConfig c = {}) {
+      const FlashConfig t = attention_flash_bf16_forward_tiles(x, o, c);
+      return std::vector<int64_t>{t.block_q, t.block_k};
+    };
+    const auto resolved = [](const Tensor& x, const AttentionOptions& o) {
+      const FlashConfig t = flash_resolved_config({}, o, x.size(3), x.size(1), false);
+      return std::vector<int64_t>{t.block_q, (t.block_k + 15) / 16 * 16};
+    };
+    const std::vector<int64_t> wide{32, 768};
+    EXPECT_EQ(tiles(q, none), amx ? wide : resolved(q, none));
+    EXPECT_EQ(tiles(q, causal), amx ? wide : resolved(q, causal));
+    EXPECT_EQ(tiles(short_q, none), resolved(short_q, none));
+    EXPECT_EQ(tiles(short_q, causal), resolved(short_q, causal));
+    EXPECT_EQ(tiles(q, window), resolved(q, window));
+    EXPECT_EQ(tiles(q, none, {24, 40}), (std::vector<int64_t>{24, 48}));
+    EXPECT_EQ(tiles(q, causal, {0, 200}), (std::vector<int64_t>{amx ? 32 : resolved(q, causal)[0], 208}));
+  }
 }
 
 // --- pieces -----------------------------------------------------------------------------------

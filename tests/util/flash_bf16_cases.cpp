@@ -95,6 +95,21 @@ Outcome run_bf16(const Inputs& in, const AttentionOptions& options, const FlashC
   return r;
 }
 
+Outcome portable_on_tiles_of(const PathSetting& setting, const Inputs& in, const AttentionOptions& options,
+                             const FlashConfig& config, bool backward, const Outcome& portable) {
+  const auto tiles_on = [&](const PathSetting& on) {
+    ScopedPath scoped(on);
+    return attention_flash_bf16_forward_tiles(in.q.bf, options, config);
+  };
+  const FlashConfig tiles = tiles_on(setting), portable_tiles = tiles_on({Bf16Isa::kPortable});
+  if (tiles.block_q == portable_tiles.block_q && tiles.block_k == portable_tiles.block_k) return portable;
+  ScopedPath scoped({Bf16Isa::kPortable});
+  Outcome r = strided_outputs(in.s);
+  attention_flash_bf16_forward(in.q.bf, in.k.bf, in.v.bf, options, r.out, &r.lse, tiles);
+  if (backward) run_backward(in, r, options, config, r);
+  return r;
+}
+
 WeightStats weight_stats(const Inputs& in, const AttentionOptions& options) {
   const Dims& s = in.s;
   WeightStats w;

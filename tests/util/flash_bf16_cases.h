@@ -96,6 +96,12 @@ void run_backward(const Inputs& in, const Outcome& saved, const AttentionOptions
 // The bf16 kernels on the current path; out is a strided view inside a wider buffer.
 Outcome run_bf16(const Inputs& in, const AttentionOptions& options, const FlashConfig& config, bool backward);
 
+// The portable path's outcome to hold `setting`'s against: `portable` (the portable run with
+// config) where both paths take the same forward tiles, else a portable run on that path's tiles
+// (amx_bf16 takes wider default tiles, and P's rounding depends on the tiles).
+Outcome portable_on_tiles_of(const PathSetting& setting, const Inputs& in, const AttentionOptions& options,
+                             const FlashConfig& config, bool backward, const Outcome& portable);
+
 // What the bounds need from the exact weights (the reference's, as [B, H, N, M]): the largest
 // weight and the largest column sum, with dropout (a, the weights that meet V) and without (P).
 struct WeightStats {

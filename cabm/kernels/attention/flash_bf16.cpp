@@ -20,6 +20,8 @@ namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int64_t kKeyBlock = 16;  // keys per packed K block: one zmm of fp32 score lanes
+// The AMX forward's default tiles (forward_tiles).
+constexpr int64_t kAmxBlockQ = 32, kAmxBlockK = 768;
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
@@ -210,7 +212,8 @@ void forward_query_tile(const Args& args, Buffers& buf, int64_t b, int64_t h, in
 
   const Range key_range = args.mask.key_range(b, rows);
   for (int64_t j0 = key_range.begin / p.block_k * p.block_k; j0 < key_range.end; j0 += p.block_k) {
-    const int64_t nk = std::min(p.block_k, p.M - j0), nk16 = round_up(nk, kKeyBlock);
+    // Keys past the rows' range are blocked for every row: leaving them out changes no bit.
+    const int64_t nk = std::min({p.block_k, p.M - j0, key_range.end - j0}), nk16 = round_up(nk, kKeyBlock);
     const Range keys{j0, j0 + nk};
     const TileKind kind = args.mask.classify(b, h, rows, keys);
     if (kind == TileKind::kSkip) continue;
@@ -324,6 +327,27 @@ const char* path_name(Path path) {
   return "portable";
 }
 
+// The forward's tiles. P is rounded relative to the running maximum of the tiles seen so far, so a
+// path's bits depend on its tiles; every path takes flash_resolved_config's, except that AMX takes
+// wider default tiles for long sequences: there the products cost a small part of what the
+// vdpbf16ps or FMA ones do, and much of what is left is per tile and per row (S and O tile
+// stores and loads, row reductions, the O rescale), which 768 keys amortise eight times better
+// than 96. Measured on an Intel Xeon (Emerald Rapids, 2 threads, N 4096, d 64 and 128, with and
+// without a causal mask; docs/attention_performance.md). Sliding windows and block-sparse layouts
+// keep the narrow tiles, which follow their band or blocks, as do sequences of up to 256 queries
+// (not measured there); explicit tile sizes are kept.
+FlashConfig forward_tiles(Path path, const FlashConfig& config, const AttentionOptions& options, int64_t d, int64_t n) {
+  FlashConfig tiles = flash_resolved_config(config, options, d, n, false);
+  const Mask& mask = options.mask;
+  const bool narrow = n <= 256 || mask.has_window() || !mask.block_layouts().empty();
+  if (is_amx(path) && !narrow) {
+    if (config.block_q == 0) tiles.block_q = kAmxBlockQ;
+    if (config.block_k == 0) tiles.block_k = kAmxBlockK;
+  }
+  tiles.block_k = round_up(tiles.block_k, kKeyBlock);
+  return tiles;
+}
+
 }  // namespace
 
 bool flash_bf16_supports_variants(int64_t H, int64_t Hkv, const AttentionOptions& options, bool backward) {
@@ -338,6 +362,11 @@ bool flash_bf16_supports_variants(int64_t H, int64_t Hkv, const AttentionOptions
 
 const char* attention_flash_bf16_path() {
   return path_name(forward_path());
+}
+FlashConfig attention_flash_bf16_forward_tiles(const Tensor& q, const AttentionOptions& options,
+                                               const FlashConfig& config) {
+  CABM_CHECK(q.dim() == 4, "q must be [B, N, H, d], got {}", shape_str(q.shape()));
+  return forward_tiles(forward_path(), config, options, q.size(3), q.size(1));
 }
 const char* attention_flash_bf16_backward_path() {
   return path_name(backward_path());
@@ -380,11 +409,8 @@ void attention_flash_bf16_forward(const Tensor& q, const Tensor& k, const Tensor
              "attention_flash_bf16_forward on path {}: these variants (GQA, soft-cap, ALiBi) take the reference "
              "kernel (attention_forward)",
              attention_flash_bf16_path());
-  // Tiles resolved once for every path: P is rounded relative to the running maximum of the tiles
-  // seen so far, so paths that tiled differently would round differently.
-  FlashConfig tiles = flash_resolved_config(config, options, q.size(3), q.size(1), false);
-  tiles.block_k = round_up(tiles.block_k, kKeyBlock);
   const Path path = forward_path();
+  const FlashConfig tiles = forward_tiles(path, config, options, q.size(3), q.size(1));
   if (path == Path::kSimdFp32) {
     detail::attention_flash_bf16_forward_simd(q, k, v, options, out, lse, tiles);
     return;
