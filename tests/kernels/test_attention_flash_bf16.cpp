@@ -125,7 +125,7 @@ TEST(AttentionFlashBf16, ForwardHeadDimsAndTails) {
       }
 }
 
-// Sequences long enough for the AMX forward's wide default tiles (ForwardTilesPerPath): key tiles
+// Sequences long enough for the packed paths' wide default tiles (ForwardTilesPerPath): key tiles
 // clipped at the causal diagonal and at padding, a tail tile, dropout; every forward path.
 TEST(AttentionFlashBf16, ForwardWideTilesOfLongSequences) {
   const Dims s{2, 290, 900, 1, 40, 24};
@@ -247,9 +247,9 @@ TEST(AttentionFlashBf16, AmxPathIsTested) {
   EXPECT_TRUE(has(path_names(backward_paths(), &attention_flash_bf16_backward_path), "amx_bf16"));
 }
 
-// The AMX forward's default tiles are wider (32 × 768) except where a narrow band or blocks, or a
-// short sequence, keep flash_resolved_config's; every other path takes those; explicit sizes win
-// on every path.
+// The packed paths' default tiles are wider (768 keys; AMX: 32 × 768) except where a narrow band or
+// blocks, or a short sequence, keep flash_resolved_config's; the other paths take those; explicit
+// sizes win on every path.
 TEST(AttentionFlashBf16, ForwardTilesPerPath) {
   const Tensor q = Tensor::empty({1, 1024, 2, 64}, DType::BF16), short_q = Tensor::empty({1, 200, 2, 64}, DType::BF16);
   AttentionOptions none, causal, window;
@@ -259,7 +259,7 @@ TEST(AttentionFlashBf16, ForwardTilesPerPath) {
     ScopedPath scoped(setting);
     const std::string path = attention_flash_bf16_path();
     SCOPED_TRACE(path);
-    const bool amx = path.rfind("amx_bf16", 0) == 0;
+    const bool amx = path.rfind("amx_bf16", 0) == 0, packed = amx || path == "avx512_bf16";
     const auto tiles = [](const Tensor& x, const AttentionOptions& o, FlashConfig c = {}) {
       const FlashConfig t = attention_flash_bf16_forward_tiles(x, o, c);
       return std::vector<int64_t>{t.block_q, t.block_k};
@@ -268,9 +268,11 @@ TEST(AttentionFlashBf16, ForwardTilesPerPath) {
       const FlashConfig t = flash_resolved_config({}, o, x.size(3), x.size(1), false);
       return std::vector<int64_t>{t.block_q, (t.block_k + 15) / 16 * 16};
     };
-    const std::vector<int64_t> wide{32, 768};
-    EXPECT_EQ(tiles(q, none), amx ? wide : resolved(q, none));
-    EXPECT_EQ(tiles(q, causal), amx ? wide : resolved(q, causal));
+    const auto wide = [&](const AttentionOptions& o) {
+      return std::vector<int64_t>{amx ? 32 : resolved(q, o)[0], 768};
+    };
+    EXPECT_EQ(tiles(q, none), packed ? wide(none) : resolved(q, none));
+    EXPECT_EQ(tiles(q, causal), packed ? wide(causal) : resolved(q, causal));
     EXPECT_EQ(tiles(short_q, none), resolved(short_q, none));
     EXPECT_EQ(tiles(short_q, causal), resolved(short_q, causal));
     EXPECT_EQ(tiles(q, window), resolved(q, window));

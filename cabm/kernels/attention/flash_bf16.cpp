@@ -20,8 +20,8 @@ namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int64_t kKeyBlock = 16;  // keys per packed K block: one zmm of fp32 score lanes
-// The AMX forward's default tiles (forward_tiles).
-constexpr int64_t kAmxBlockQ = 32, kAmxBlockK = 768;
+// The packed paths' default tiles for long sequences (forward_tiles): 768 keys; AMX with 32 query rows.
+constexpr int64_t kWideBlockK = 768, kAmxBlockQ = 32;
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
@@ -328,21 +328,23 @@ const char* path_name(Path path) {
 }
 
 // The forward's tiles. P is rounded relative to the running maximum of the tiles seen so far, so a
-// path's bits depend on its tiles; every path takes flash_resolved_config's, except that AMX takes
-// wider default tiles for long sequences: there the products cost a small part of what the
-// vdpbf16ps or FMA ones do, and much of what is left is per tile and per row (S and O tile
-// stores and loads, row reductions, the O rescale), which 768 keys amortise eight times better
-// than 96. Measured on an Intel Xeon (Emerald Rapids, 2 threads, N 4096, d 64 and 128, with and
-// without a causal mask; docs/attention_performance.md). Sliding windows and block-sparse layouts
-// keep the narrow tiles, which follow their band or blocks, as do sequences of up to 256 queries
-// (not measured there); explicit tile sizes are kept.
+// path's bits depend on its tiles. Portable and the fp32 SIMD tiles take flash_resolved_config's;
+// the packed paths (avx512_bf16, AMX) take 768-key tiles for long sequences, AMX with 32 query
+// rows: what is not a product there is mostly per tile and per row (the row reductions, the O
+// rescale, on AMX the S and O tile stores and loads), which 768 keys amortise eight times better
+// than 96. Measured at N 4096, d 64 and 128, with and without a causal mask, 2 threads: on an Intel
+// Xeon (Emerald Rapids, AMX), old/new time 1.16-1.56 (docs/amx_attention.md); on an AMD Zen 4
+// (avx512_bf16, where this gives up the fused 96-key micro-kernel), 1.04-1.09, medians of three
+// interleaved rounds (docs/attention_performance.md, session 22). Sliding windows and block-sparse layouts keep the
+// narrow tiles, which follow their band or blocks, as do sequences of up to 256 queries (not
+// measured); explicit tile sizes are kept.
 FlashConfig forward_tiles(Path path, const FlashConfig& config, const AttentionOptions& options, int64_t d, int64_t n) {
   FlashConfig tiles = flash_resolved_config(config, options, d, n, false);
   const Mask& mask = options.mask;
   const bool narrow = n <= 256 || mask.has_window() || !mask.block_layouts().empty();
-  if (is_amx(path) && !narrow) {
-    if (config.block_q == 0) tiles.block_q = kAmxBlockQ;
-    if (config.block_k == 0) tiles.block_k = kAmxBlockK;
+  if ((is_amx(path) || path == Path::kAvx512Bf16) && !narrow) {
+    if (config.block_q == 0 && is_amx(path)) tiles.block_q = kAmxBlockQ;
+    if (config.block_k == 0) tiles.block_k = kWideBlockK;
   }
   tiles.block_k = round_up(tiles.block_k, kKeyBlock);
   return tiles;
@@ -423,7 +425,8 @@ void attention_flash_bf16_forward(const Tensor& q, const Tensor& k, const Tensor
   p.dp = amx ? round_up(std::max<int64_t>(p.d, 1), 32) : round_up(p.d, 2);
   p.dvp = round_up(std::max<int64_t>(p.dv, 1), 16);
   p.Mp = round_up(p.M, kKeyBlock) + (amx ? kKeyBlock : 0);
-  p.block_q = tiles.block_q, p.block_k = tiles.block_k;
+  // A key tile wider than the keys is one tile of all of them (the same bits): buffers for M keys.
+  p.block_q = tiles.block_q, p.block_k = std::min(tiles.block_k, round_up(std::max<int64_t>(p.M, 1), kKeyBlock));
   p.row_pad = amx ? 16 : 1, p.key_pad = amx ? 32 : kKeyBlock;
   p.qscale = attention_scale(options, p.d) * kLog2e;
   p.keep_scale = 1.0f / (1.0f - options.dropout);

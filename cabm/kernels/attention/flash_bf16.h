@@ -11,9 +11,9 @@
 // Paths, chosen at run time (attention_flash_bf16_path() names the one that runs):
 //   amx_bf16     CPUs with AMX-BF16 tiles as well (bf16_amx_active()): the forward's two products
 //                with tdpbf16ps on 16×16 fp32 tiles, the online softmax in AVX-512, every mask kind
-//                and dropout (attention/flash_amx.h), on wider default tiles than the other paths
-//                (32 queries × 768 keys for N > 256 without a window or block layout:
-//                attention_flash_bf16_forward_tiles); the backward's five products on the same
+//                and dropout (attention/flash_amx.h), on default tiles of 32 queries × 768 keys
+//                for N > 256 without a window or block layout (attention_flash_bf16_forward_tiles;
+//                avx512_bf16 takes 768 keys there too); the backward's five products on the same
 //                tiles (attention/flash_bf16_backward.h; soft-capping and ALiBi as avx512_bf16).
 //                set_bf16_isa_override(kAvx512Bf16) or CABM_NO_AMX=1 selects avx512_bf16 instead.
 //   amx_bf16_emulated  the same kernels on a scalar model of the tiles (attention/amx_tiles.h),
@@ -82,7 +82,7 @@ bool flash_bf16_supports_variants(int64_t H, int64_t Hkv, const AttentionOptions
 // "avx512_bf16", "avx2_fp32" (or "avx512_fp32") or "portable".
 const char* attention_flash_bf16_path();
 // The tiles attention_flash_bf16_forward takes now for these queries, options and config: config's
-// sizes where set, else the path's defaults (amx_bf16 takes wider ones than the other paths), with
+// sizes where set, else the path's defaults (amx_bf16 and avx512_bf16 take wider ones), with
 // block_k rounded up to 16. P is rounded relative to the running maxima of the tiles seen so far,
 // so two paths round P alike only on the same tiles.
 FlashConfig attention_flash_bf16_forward_tiles(const Tensor& q, const AttentionOptions& options,
