@@ -3,18 +3,19 @@
 // bf16-rounded inputs, on each forward path this CPU has (amx_bf16, amx_bf16_emulated: the AMX
 // kernel on modelled tiles wherever AVX-512 BF16 exists, avx512_bf16, portable; a
 // path the CPU lacks is skipped with the reason): every mask kind, dropout, odd sizes and tile
-// tails, forced tile sizes, thread counts, fully masked rows, and the vector tanh on its own. The
-// backward with the variants: the portable path, and the automatic one where
-// flash_bf16_supports_variants says it runs them (bounds derived with the backward tests below).
+// tails, forced tile sizes, thread counts, fully masked rows (the vector tanh on its own:
+// test_tanh_avx512.cpp). The backward with the variants: the portable path, and the automatic
+// one where flash_bf16_supports_variants says it runs them (bounds derived with the backward
+// tests below).
 //
 // Tolerances, as in test_attention_flash_bf16.cpp (Higham 2002, §3.1): the output is off by the
 // bf16 rounding of P (u_b·keep·max|v|, u_b = 2^-8) plus the fp32 bound rel·keep·max|v| with
 // rel = 2·relative_bound(dims, smax) and smax bounding |score|. With the variants smax is the
 // bound of the capped scaled product (min(c, |scale|·d·max|q|·max|k|)) plus the ALiBi term
 // (max|slope|·max|qpos − kpos|) plus the additive biases, and the variants add their own
-// roundings: the vector tanh (2 ulp relative, tested below), the cap's division and product, the
-// ALiBi product and subtraction and the base-2 conversion, each at most u·smax absolute in a
-// score; a weight a_j = exp(s_j − lse) sees two scores' errors. kVariantRoundings = 8 covers them
+// roundings: the vector tanh (2 ulp relative, test_tanh_avx512.cpp), the cap's division and
+// product, the ALiBi product and subtraction and the base-2 conversion, each at most u·smax
+// absolute in a score; a weight a_j = exp(s_j − lse) sees two scores' errors. kVariantRoundings = 8 covers them
 // with room (2·8·u·smax added to rel before the doubling). A kernel that skipped a variant,
 // applied it in the wrong order with respect to the additive mask, or read the wrong key/value
 // head would be off by O(1): VariantsChangeTheResultBeyondTheTolerance checks that on the cases
@@ -32,7 +33,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -573,46 +573,6 @@ TEST(Bf16VariantsTolerance, VariantsChangeTheResultBeyondTheTolerance) {
   Case mqa = base;
   mqa.Hkv = 1;
   EXPECT_GT(distance(out_of(mqa, first), out_of(base, in)), 10 * derive_bounds(base, in).out);
-}
-
-// --- the vector tanh --------------------------------------------------------------------------
-
-// Distance in units in the last place between two floats of the same sign.
-int64_t ulps(float a, float b) {
-  int32_t x, y;
-  std::memcpy(&x, &a, 4);
-  std::memcpy(&y, &b, 4);
-  return std::llabs(static_cast<int64_t>(x) - static_cast<int64_t>(y));
-}
-
-#if defined(CABM_HAVE_AVX512_VARIANTS)
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) void tanh16(const float* in, float* out) {
-  _mm512_storeu_ps(out, detail::tanh_avx512(_mm512_loadu_ps(in)));
-}
-#endif
-
-TEST(Bf16VariantsTanh, WithinTwoUlpsOfStdTanh) {
-#if defined(CABM_HAVE_AVX512_VARIANTS)
-  if (!cpu_has_avx512_bf16()) GTEST_SKIP() << "this CPU (or OS) has no AVX-512 BF16: the vector tanh is not used";
-  std::vector<float> xs = {0.0f, -0.0f, 1e-45f, 1e-38f, 1e-30f, 1e-7f, 1e-4f, 0.1f, 0.6249999f, 0.625f,  0.6250001f,
-                           1.0f, 2.0f,  4.5f,   8.9f,   9.5f,   10.0f, 20.0f, 1e4f, 1e30f,      INFINITY};
-  for (float x = 1e-6f; x < 12.0f; x *= 1.0013f) xs.push_back(x);
-  const size_t n = xs.size();
-  for (size_t i = 0; i < n; ++i) xs.push_back(-xs[i]);
-  while (xs.size() % 16) xs.push_back(0.5f);
-  std::vector<float> got(xs.size());
-  for (size_t i = 0; i < xs.size(); i += 16) tanh16(&xs[i], &got[i]);
-  int64_t worst = 0;
-  for (size_t i = 0; i < xs.size(); ++i) {
-    const float expected = std::tanh(xs[i]);
-    ASSERT_EQ(std::signbit(got[i]), std::signbit(expected)) << xs[i];
-    worst = std::max(worst, ulps(got[i], expected));
-    EXPECT_LE(ulps(got[i], expected), 2) << "tanh(" << xs[i] << ") = " << got[i] << ", expected " << expected;
-  }
-  RecordProperty("worst_ulps", static_cast<int>(worst));
-#else
-  GTEST_SKIP() << "not an x86-64 build: no vector tanh";
-#endif
 }
 
 }  // namespace
