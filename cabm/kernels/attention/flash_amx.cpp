@@ -43,44 +43,17 @@ namespace {
 // 2^x for x <= 0: detail::exp2_nonpositive of attention/bf16_avx512.h (the avx512_bf16 path's,
 // bit for bit; its target features are a subset of CABM_AMX's, so it inlines here).
 
-// x = s·qscale + mask for the 16 scores at s + c (mrow: the mask row, or null).
-CABM_AMX inline __m512 scaled_score(const float* s, const float* mrow, int64_t c, __m512 qs) {
-  return mrow ? _mm512_fmadd_ps(_mm512_loadu_ps(s + c), qs, _mm512_loadu_ps(mrow + c))
-              : _mm512_mul_ps(_mm512_loadu_ps(s + c), qs);
-}
-
-// One row of the online softmax over nk16 scores, the same operations in the same order as the
-// avx512_bf16 path: x = s·qscale + mask, m' = max(m, max x), P = exp2(x − m') summed into
-// l = α·l + Σ P (α = exp2(m − m')), then P·z with dropout and P rounded to bf16 into prow
-// [0, nk32) (zeros past nk16). P is never subnormal (exp2_nonpositive, z >= 1), so vcvtneps2bf16
-// rounds it exactly as float_to_bf16 does. For the wide tiles (hundreds of keys, S in L2): x is
-// not stored but computed again in the second pass (the same operation, the same bits), and the
-// maximum runs in four chains, not one (it is exact, so the order does not matter): one chain of
-// vmaxps made the first pass wait on its latency. Measured on the Xeon of flash_bf16.cpp's
-// forward_tiles, one 32 × 768 tile at d 64: everything but the two products 9.2 → 7.5 µs.
+// One row of the online softmax over nk16 scores: the avx512_bf16 path's row pass
+// (softmax_rows_avx512 of attention/bf16_avx512.h, the same operations in the same order; its
+// target features are a subset of CABM_AMX's, so it inlines here) on one row, then zeros for P's
+// keys [nk16, nk32), which P·V's 32-key steps read. That pass keeps four maximum chains and
+// computes x twice instead of storing it: on the Xeon of flash_bf16.cpp's forward_tiles, one
+// 32 × 768 tile at d 64 spent 7.5 µs outside its two products against 9.2 with one chain and a
+// store.
 CABM_AMX void softmax_row(const float* s, const float* mrow, const float* z, int64_t nk16, int64_t nk32, float qscale,
                           bf16* prow, float& m, float& l, float& alpha) {
-  const __m512 qs = _mm512_set1_ps(qscale);
-  __m512 vmax[4];
-  for (__m512& v : vmax) v = _mm512_set1_ps(-INFINITY);
-  int64_t c = 0;
-  for (; c + 64 <= nk16; c += 64)
-    for (int u = 0; u < 4; ++u) vmax[u] = _mm512_max_ps(vmax[u], scaled_score(s, mrow, c + 16 * u, qs));
-  for (; c < nk16; c += 16) vmax[0] = _mm512_max_ps(vmax[0], scaled_score(s, mrow, c, qs));
-  const __m512 all = _mm512_max_ps(_mm512_max_ps(vmax[0], vmax[1]), _mm512_max_ps(vmax[2], vmax[3]));
-  const float m_new = std::max(m, _mm512_reduce_max_ps(all));
-  const __m512 mv = _mm512_set1_ps(m_new);
-  __m512 vsum = _mm512_setzero_ps();
-  for (c = 0; c < nk16; c += 16) {
-    __m512 e = exp2_nonpositive(_mm512_sub_ps(scaled_score(s, mrow, c, qs), mv));
-    vsum = _mm512_add_ps(vsum, e);
-    if (z) e = _mm512_mul_ps(e, _mm512_loadu_ps(z + c));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(prow + c), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
-  }
+  softmax_rows_avx512(s, 0, 1, nk16, mrow, z, qscale, prow, 0, &m, &l, &alpha);
   if (nk32 > nk16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(prow + nk16), _mm256_setzero_si256());
-  alpha = m_new == m ? 1.0f : std::exp2(m - m_new);  // the call is skipped once the maximum settles
-  l = std::fma(l, alpha, _mm512_reduce_add_ps(vsum));
-  m = m_new;
 }
 
 // softmax_row for nk16 = 16·NV with the rows in registers (no store and reload of x), R rows at a
