@@ -4,29 +4,30 @@
 # x86-64 Linux machine with nothing installed: the instruction-set checks of issue 12 on a CPU
 # that the build machine does not have (AMX, AVX512_BF16, AVX2 only), without building there.
 #   scripts/cpu_check_bundle.sh [BUILD_DIR [OUT_DIR]]   (defaults build/portable, out/cpu_check)
-# BUILD_DIR is configured and built first when it has no cabm executable. OUT_DIR receives
+# BUILD_DIR is configured when it has no build yet, then brought up to date (an incremental build:
+# a bundle of stale executables would test other code than the commit it names). OUT_DIR receives
 # bundle.tar.gz and run.sh (scripts/cpu_check_run.sh); on the other machine:
 #   bash OUT_DIR/run.sh [RESULTS_DIR]
 # The bundle holds the test executables that need neither the build tree nor Python (all but
-# test_cli_*, test_hf_* and test_parity_*), the cabm CLI and bench_gemm_libraries.
+# test_cli_*, test_hf_* and test_parity_*), the cabm CLI, bench_gemm_libraries and bench_amx_tile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/portable}
 out=${2:-out/cpu_check}
 
-if [ ! -x "$build/cabm" ]; then
+if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCABM_NATIVE=OFF >/dev/null
-  cmake --build "$build" -j "$(nproc)"
 fi
 if ! grep -q '^CABM_NATIVE:BOOL=OFF' "$build/CMakeCache.txt"; then
   echo "cpu_check_bundle: $build is not a portable build (configure it with -DCABM_NATIVE=OFF)" >&2
   exit 2
 fi
+cmake --build "$build" -j "$(nproc)" >/dev/null
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"
-binaries=("$build/cabm" "$build/bench/bench_gemm_libraries")
+binaries=("$build/cabm" "$build/bench/bench_gemm_libraries" "$build/bench/bench_amx_tile")
 for t in "$build"/tests/test_*; do
   case $(basename "$t") in
     test_cli_* | test_hf_* | test_parity_*) ;;

@@ -9,7 +9,7 @@
 #    attention --n 4096 --d 64 128 --masks none causal --backward --precision both`),
 #    bench_gemm.log (bench_gemm_libraries: gemm() against oneDNN and OpenBLAS), bench_train.log
 #    (`cabm bench train`, the big preset), bench_no_amx.log (the bf16 kernels with CABM_NO_AMX=1,
-#    where the CPU has AMX).
+#    where the CPU has AMX) and bench_amx_tile.log (one AMX forward tile taken apart, one core).
 # CHECK_SECONDS (default 480) bounds the whole run: a step that would start after it is skipped,
 # and says so.
 set -uo pipefail
@@ -45,7 +45,8 @@ grep -E "Model name|ISA flags" "$results/cpu.txt"
 # Two threads on two distinct cores (issue 12's measurements are for two threads).
 cpus=$(lscpu -p=CPU,CORE 2>/dev/null | grep -v '^#' | awk -F, '!seen[$2]++ {print $1}' | head -2 | paste -sd, -)
 pin=()
-if [ -n "$cpus" ] && taskset -c "$cpus" true 2>/dev/null; then pin=(taskset -c "$cpus"); fi
+pin1=()
+if [ -n "$cpus" ] && taskset -c "$cpus" true 2>/dev/null; then pin=(taskset -c "$cpus") pin1=(taskset -c "${cpus%%,*}"); fi
 echo "benchmarks on cpus ${cpus:-any} (${pin[*]:-not pinned})"
 
 # 2. Tests: each executable chooses its own thread counts (1 and 2).
@@ -81,6 +82,8 @@ time_left "bench train" &&
   timeout 200 "${cabm[@]}" bench train --layers 6 --d-model 256 --heads 8 --d-ff 1024 --seq-len 128 \
     --batch-size 32 --steps 4 --threads 2 >"$results/bench_train.log" 2>&1
 if grep -q -w amx_bf16 "$results/cpu.txt"; then
+  time_left "bench_amx_tile" &&
+    timeout 120 "${pin1[@]}" "${loader[@]}" "$work/bin/bench_amx_tile" >"$results/bench_amx_tile.log" 2>&1
   time_left "bench attention with CABM_NO_AMX=1" &&
     CABM_NO_AMX=1 timeout 120 "${cabm[@]}" bench attention --n 4096 --d 64 128 --masks none --precision bf16 \
       --repeats 2 --threads 2 >"$results/bench_no_amx.log" 2>&1
