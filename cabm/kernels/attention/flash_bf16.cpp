@@ -335,9 +335,9 @@ const char* path_name(Path path) {
 // than 96. Measured at N 4096, d 64 and 128, with and without a causal mask, 2 threads: on an Intel
 // Xeon (Emerald Rapids, AMX), old/new time 1.16-1.56 (docs/amx_attention.md); on an AMD Zen 4
 // (avx512_bf16, where this gives up the fused 96-key micro-kernel), 1.04-1.09, medians of three
-// interleaved rounds (docs/attention_performance.md, session 22). Sliding windows and block-sparse layouts keep the
-// narrow tiles, which follow their band or blocks, as do sequences of up to 256 queries (not
-// measured); explicit tile sizes are kept.
+// interleaved rounds (docs/attention_performance.md, session 22). Sliding windows and block-sparse
+// layouts keep the narrow tiles, which follow their band or blocks, as do sequences of up to 256
+// queries (not measured); explicit tile sizes are kept.
 FlashConfig forward_tiles(Path path, const FlashConfig& config, const AttentionOptions& options, int64_t d, int64_t n) {
   FlashConfig tiles = flash_resolved_config(config, options, d, n, false);
   const Mask& mask = options.mask;
