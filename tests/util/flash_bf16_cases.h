@@ -98,7 +98,7 @@ Outcome run_bf16(const Inputs& in, const AttentionOptions& options, const FlashC
 
 // The portable path's outcome to hold `setting`'s against: `portable` (the portable run with
 // config) where both paths take the same forward tiles, else a portable run on that path's tiles
-// (amx_bf16 takes wider default tiles, and P's rounding depends on the tiles).
+// (amx_bf16 and avx512_bf16 take wider default tiles, and P's rounding depends on the tiles).
 Outcome portable_on_tiles_of(const PathSetting& setting, const Inputs& in, const AttentionOptions& options,
                              const FlashConfig& config, bool backward, const Outcome& portable);
 
