@@ -63,11 +63,10 @@ CABM_AMX double loop_gflops(int64_t iterations) {
 
 // Buffers of one tile in the layouts of attention/flash_amx.h, filled with small finite values.
 struct TileData {
-  int64_t d, ni, nk, rows16, lds;
+  int64_t rows16, lds;
   std::vector<bf16> q, k, v, p;
   std::vector<float> s, o, m, l, alpha;
-  TileData(int64_t d_, int64_t ni_, int64_t nk_)
-      : d(d_), ni(ni_), nk(nk_), rows16((ni_ + 15) / 16 * 16), lds((nk_ + 31) / 32 * 32) {
+  TileData(int64_t d, int64_t ni, int64_t nk) : rows16((ni + 15) / 16 * 16), lds((nk + 31) / 32 * 32) {
     const auto fill = [](std::vector<bf16>& x, int64_t n, int period) {
       x.resize(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i) x[static_cast<size_t>(i)] = float_to_bf16(0.01f * static_cast<float>(i % period));
