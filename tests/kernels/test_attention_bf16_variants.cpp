@@ -28,6 +28,7 @@
 #include "cabm/kernels/attention/reference.h"
 #include "cabm/kernels/bf16.h"
 #include "util/attention_cases.h"
+#include "util/flash_bf16_cases.h"
 #include "util/test_util.h"
 
 #include <algorithm>
@@ -46,7 +47,8 @@ using test::MaskCase;
 using test::max_abs;
 using test::Outcome;
 
-constexpr double kUBf16 = 0x1p-8;
+using test::flash_bf16::kUBf16;
+using test::flash_bf16::kUWeights;
 constexpr double kVariantRoundings = 8.0;
 
 // --- inputs -----------------------------------------------------------------------------------
@@ -135,7 +137,7 @@ Bounds derive_bounds(const Case& c, const Inputs& in) {
   b.smax = (o.softcap > 0 ? std::min<double>(o.softcap, product) : product) + alibi_bound(c) + bias;
   b.rel = 2.0 * (test::relative_bound(c.s, b.smax) + 2.0 * kVariantRoundings * kU * b.smax);
   const double keep = 1.0 / (1.0 - o.dropout), vmax = max_abs(in.v.f32);
-  b.out = (kUBf16 + b.rel) * keep * vmax;
+  b.out = (kUWeights + b.rel) * keep * vmax;
   b.lse = b.rel * (1.0 + b.smax);
   return b;
 }

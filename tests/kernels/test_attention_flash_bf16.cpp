@@ -43,7 +43,7 @@ void check_forward(const FlashCase& c) {
     ScopedPath scoped(setting);
     const std::string path = attention_flash_bf16_path();
     const Outcome r = run_bf16(in, c.options, c.config, false);
-    expect_within(r.out, ref.out, (kUBf16 + rel) * keep * vmax, path + " out");
+    expect_within(r.out, ref.out, (kUWeights + rel) * keep * vmax, path + " out");
     // lse is computed from the unrounded fp32 weights: fp32 bounds only, absolute in the scores' units.
     EXPECT_CLOSE(r.lse, ref.lse, 4.0 * kU, rel * (1.0 + smax));
     if (setting.isa == Bf16Isa::kPortable) {

@@ -45,7 +45,7 @@ Bounds derive_bounds(const Inputs& in, const AttentionOptions& options, const Ou
   const double fp32_dk = b.rel * std::max(max_abs(ref.grads.dk), scale * qmax * ds_mag * std::max(1.0, w.col_p));
   const double fp32_dv = b.rel * std::max(max_abs(ref.grads.dv), gmax * std::max(1.0, w.col_a));
 
-  b.out = u * keep * vmax + fp32_out;
+  b.out = kUWeights * keep * vmax + fp32_out;
   const double c = keep * dv * gmax * vmax;
   const double e = (1.0 + u) * (u * c + dv * gmax * b.out) + 2.0 * u * c;
   b.dv = (2.0 * u + u * u) * gmax * w.col_a + fp32_dv;

@@ -10,7 +10,8 @@
 // applied to each tensor's magnitude (norm-wise), where smax bounds |scale·q·k| + |bias|. On top of
 // it, the bf16 roundings, each a relative error of at most u_b on one operand:
 //  - forward: P before P·V. o_i = Σ_j a_ij v_j with Σ_j a_ij ≤ keep = 1/(1 − dropout), so o is off
-//    by at most u_b·keep·max|v|;
+//    by at most u_b·keep·max|v|; P's exponential is a degree-4 polynomial (exp2_poly.h) with
+//    relative error ε, in P and in l = Σ P: a further 2ε (kUWeights);
 //  - dV_j = Σ_i a_ij dO_i with a and dO both rounded: (2u_b + u_b²)·max|dO|·max_j Σ_i a_ij (the
 //    column sums of the dropped-out weights, computed from the reference's weights);
 //  - dP_ij = z_ij·dO_i·v_j with dO rounded: u_b·C, C = keep·dv·max|dO|·max|v| (C also bounds |dP|
@@ -32,6 +33,7 @@
 
 #include "cabm/kernels/attention/flash.h"
 #include "cabm/kernels/bf16.h"
+#include "cabm/kernels/exp2_poly.h"
 #include "util/attention_cases.h"
 #include "util/test_util.h"
 
@@ -41,6 +43,8 @@
 namespace cabm::test::flash_bf16 {
 
 inline constexpr double kUBf16 = 0x1p-8;  // bf16's unit roundoff: 8 significant bits
+// The forward's weights meet V off by u_b (rounded to bf16) and 2ε (the exponential's polynomial).
+inline constexpr double kUWeights = kUBf16 + 2.0 * detail::kExp2PRelError;
 
 // A bf16 head view [B, L, H, d] (strided: heads of a [B, L, 2, H, d + 1] buffer) and the same view
 // of the fp32 values it holds.

@@ -192,66 +192,98 @@ CABM_AVX512_BF16 inline void pack_row_blocks_avx512(const bf16* src, int64_t str
   }
 }
 
-// 2^x for x <= 0 (−inf → 0): simd.h's AVX-512 exp2, written again with intrinsics (that header
-// picks its instruction set at compile time, and this code is compiled for AVX-512 by attribute
-// only) on the same constants (exp2_poly.h): the same bits as the fp32 kernels' exp2.
-CABM_AVX512_BF16 inline __m512 exp2_nonpositive(__m512 x) {
+// 2^x for x <= 0 (−inf → 0) by the polynomial `poly` of exp2_poly.h: with kExp2Poly, simd.h's
+// AVX-512 exp2 written again with intrinsics (that header picks its instruction set at compile
+// time, and this code is compiled for AVX-512 by attribute only): the same bits as the fp32
+// kernels' exp2.
+template <int Degree>
+CABM_AVX512_BF16 inline __m512 exp2_by(__m512 x, const float (&poly)[Degree]) {
   // No clamp first: the lanes a clamp would change (below −127, −inf) are masked to 0 below.
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, n);
-  __m512 poly = _mm512_set1_ps(kExp2Poly[0]);
-  for (int c = 1; c < kExp2Degree; ++c) poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(kExp2Poly[c]));
-  poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(1.0f));
+  __m512 y = _mm512_set1_ps(poly[0]);
+  for (int c = 1; c < Degree; ++c) y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(poly[c]));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0f));
   const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExp2Min), _CMP_GE_OQ);
-  return _mm512_maskz_scalef_ps(live, poly, n);
+  return _mm512_maskz_scalef_ps(live, y, n);
+}
+CABM_AVX512_BF16 inline __m512 exp2_nonpositive(__m512 x) {
+  return exp2_by(x, kExp2Poly);
+}
+// The softmax weights P, rounded to bf16 right after: the degree-4 polynomial (exp2_poly.h).
+CABM_AVX512_BF16 inline __m512 exp2_weights(__m512 x) {
+  return exp2_by(x, kExp2PPoly);
 }
 
-// x = s·qscale + mask for the 16 scores at x + c (mrow: the mask row, or null).
-CABM_AVX512_BF16 inline __m512 scaled_scores_avx512(const float* x, const float* mrow, int64_t c, __m512 qs) {
-  return mrow ? _mm512_fmadd_ps(_mm512_loadu_ps(x + c), qs, _mm512_loadu_ps(mrow + c))
-              : _mm512_mul_ps(_mm512_loadu_ps(x + c), qs);
+// The row pass's two uses of 16 scores s (mask16: the tile's mask at those scores, or null).
+// The running maximum is of x = s·qscale + mask. Without a mask and with qscale >= 0 ("raw"), it
+// runs over s itself and the row's maximum is multiplied once: rounding is monotone, so
+// round(max s · qscale) is exactly max round(s·qscale). The exponent x − m' is then one FMA,
+// s·qscale − m' (s·qscale not rounded first); with a mask, (s·qscale + mask) − m'.
+CABM_AVX512_BF16 inline bool raw_row_max(const float* mask, float qscale) {
+  return !mask && qscale >= 0.0f;
+}
+CABM_AVX512_BF16 inline __m512 max_operand(__m512 s, const float* mask16, __m512 qs, bool raw) {
+  if (raw) return s;
+  return mask16 ? _mm512_fmadd_ps(s, qs, _mm512_loadu_ps(mask16)) : _mm512_mul_ps(s, qs);
+}
+CABM_AVX512_BF16 inline float row_max(__m512 vmax, float qscale, bool raw) {
+  const float v = _mm512_reduce_max_ps(vmax);
+  return raw ? v * qscale : v;
+}
+CABM_AVX512_BF16 inline __m512 exponent(__m512 s, const float* mask16, __m512 qs, __m512 mv) {
+  return mask16 ? _mm512_sub_ps(_mm512_fmadd_ps(s, qs, _mm512_loadu_ps(mask16)), mv) : _mm512_fmsub_ps(s, qs, mv);
+}
+// The end of a row's pass: alpha = exp2(m − m'), l = alpha·l + Σ P, m = m'.
+CABM_AVX512_BF16 inline void finish_row(float m_new, __m512 vsum, float& m, float& l, float& alpha) {
+  alpha = m_new == m ? 1.0f : std::exp2(m - m_new);  // the call is skipped once the maximum settles
+  l = std::fma(l, alpha, _mm512_reduce_add_ps(vsum));
+  m = m_new;
 }
 
-// The row pass of the online softmax over one tile: x = s·qscale + mask, m' = max(m, max x),
+// The row pass of the online softmax over one tile: m' = max(m, max x) (x = s·qscale + mask),
 // P = exp2(x − m') summed into l = α·l + Σ P (α = exp2(m − m')), then P·z with dropout (z: the
 // tile's dropout factors, or null) and P rounded to bf16 into p [0, nk16). P is never subnormal
-// (exp2_nonpositive, z >= 1), so vcvtneps2bf16 rounds it exactly as float_to_bf16 does.
-// s·qscale + mask and α·l + Σ P are explicit FMAs here and in scores_softmax_block (and the AMX
-// softmax): written as a·b + c, GCC contracts them or not depending on the inlined code around
-// them, and the fused and separate passes could round differently. Row after row: running four
-// rows' phases together, as scores_softmax_block does, made this pass 13-39% slower per 128-key
-// tile on Zen 5 (its rows come from memory, not registers). x is not stored between the passes but
-// computed again (the same operation: the same bits), and the maximum runs in four chains (exact,
-// so in any order): with one chain and a store, the first pass waited on vmaxps's latency. Since
-// the 768-key default tiles (flash_bf16.cpp) this pass runs every long unmasked forward: on the
-// Zen 4 (N 4096, d 64, H 8, 2 threads) the whole forward went from 99.8–100.5 to 95.1–95.7 ms.
+// (exp2_by, z >= 1), so vcvtneps2bf16 rounds it exactly as float_to_bf16 does.
+// The FMAs are explicit here and in scores_softmax_block (and the AMX softmax): written as
+// a·b + c, GCC contracts them or not depending on the inlined code around them, and the fused
+// and separate passes could round differently. Row after row: running four rows' phases
+// together, as scores_softmax_block does, made this pass 13-39% slower per 128-key tile on Zen 5
+// (its rows come from memory, not registers). x is not stored between the passes but read again,
+// and the maximum runs in four chains (exact, so in any order): with one chain and a store, the
+// first pass waited on vmaxps's latency. Since the 768-key default tiles (flash_bf16.cpp) this
+// pass runs every long unmasked forward: on the Zen 4 (N 4096, d 64, H 8, 2 threads) the whole
+// forward went from 99.8–100.5 to 95.1–95.7 ms. The raw maximum, the one-FMA exponent and the
+// degree-4 exponential then took a 32 × 768 tile's pass from 5.8 to 4.95 µs on one Zen 4 core
+// (7.0 to 6.2 with a mask): 16 to 12 vector operations per 16 weights without a mask.
 CABM_AVX512_BF16 inline void softmax_rows_avx512(const float* s, int64_t lds, int64_t ni, int64_t nk16,
                                                  const float* mask, const float* z, float qscale, bf16* p, int64_t ldp,
                                                  float* m, float* l, float* alpha) {
   const __m512 qs = _mm512_set1_ps(qscale);
+  const bool raw = raw_row_max(mask, qscale);
   for (int64_t r = 0; r < ni; ++r) {
     const float* x = s + r * lds;
     const float* mrow = mask ? mask + r * lds : nullptr;
+    const auto mask16 = [&](int64_t c) { return mrow ? mrow + c : nullptr; };
     __m512 vmax[4];
     for (__m512& v : vmax) v = _mm512_set1_ps(-INFINITY);
     int64_t c = 0;
     for (; c + 64 <= nk16; c += 64)
-      for (int u = 0; u < 4; ++u) vmax[u] = _mm512_max_ps(vmax[u], scaled_scores_avx512(x, mrow, c + 16 * u, qs));
-    for (; c < nk16; c += 16) vmax[0] = _mm512_max_ps(vmax[0], scaled_scores_avx512(x, mrow, c, qs));
+      for (int u = 0; u < 4; ++u)
+        vmax[u] = _mm512_max_ps(vmax[u], max_operand(_mm512_loadu_ps(x + c + 16 * u), mask16(c + 16 * u), qs, raw));
+    for (; c < nk16; c += 16) vmax[0] = _mm512_max_ps(vmax[0], max_operand(_mm512_loadu_ps(x + c), mask16(c), qs, raw));
     const __m512 all = _mm512_max_ps(_mm512_max_ps(vmax[0], vmax[1]), _mm512_max_ps(vmax[2], vmax[3]));
-    const float m_new = std::max(m[r], _mm512_reduce_max_ps(all));
+    const float m_new = std::max(m[r], row_max(all, qscale, raw));
     const __m512 mv = _mm512_set1_ps(m_new);
     __m512 vsum = _mm512_setzero_ps();
     bf16* prow = p + r * ldp;
     for (c = 0; c < nk16; c += 16) {
-      __m512 e = exp2_nonpositive(_mm512_sub_ps(scaled_scores_avx512(x, mrow, c, qs), mv));
+      __m512 e = exp2_weights(exponent(_mm512_loadu_ps(x + c), mask16(c), qs, mv));
       vsum = _mm512_add_ps(vsum, e);
       if (z) e = _mm512_mul_ps(e, _mm512_loadu_ps(z + r * lds + c));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(prow + c), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
     }
-    alpha[r] = m_new == m[r] ? 1.0f : std::exp2(m[r] - m_new);  // the call is skipped once the maximum settles
-    l[r] = std::fma(l[r], alpha[r], _mm512_reduce_add_ps(vsum));
-    m[r] = m_new;
+    finish_row(m_new, vsum, m[r], l[r], alpha[r]);
   }
 }
 
@@ -268,39 +300,37 @@ CABM_AVX512_BF16 void scores_softmax_block(const bf16* qp, int64_t dp, const bf1
   __m512 acc[MR][NV];
   scores_accumulate(qp, dp, kblock, acc);
   const __m512 qs = _mm512_set1_ps(qscale);
+  const bool raw = raw_row_max(kMask ? mask : nullptr, qscale);
   // Each phase runs over all MR rows before the next starts, so the rows' horizontal maxima,
   // exponentials and sums are independent chains the core overlaps (row after row, each row's
   // reduction latency was exposed). The operations on each element and their order within a
-  // row are unchanged: same bits.
+  // row are softmax_rows_avx512's (with a mask, x replaces the scores in acc: same bits).
   float m_new[MR];
   for (int r = 0; r < MR; ++r) {
     __m512 vmax = _mm512_set1_ps(-INFINITY);
     for (int v = 0; v < NV; ++v) {
-      if constexpr (kMask)
+      if constexpr (kMask) {
         acc[r][v] = _mm512_fmadd_ps(acc[r][v], qs, _mm512_loadu_ps(mask + r * lds + v * 16));
-      else
-        acc[r][v] = _mm512_mul_ps(acc[r][v], qs);
-      vmax = _mm512_max_ps(vmax, acc[r][v]);
+        vmax = _mm512_max_ps(vmax, acc[r][v]);
+      } else {
+        vmax = _mm512_max_ps(vmax, max_operand(acc[r][v], nullptr, qs, raw));
+      }
     }
-    m_new[r] = std::max(m[r], _mm512_reduce_max_ps(vmax));
+    m_new[r] = std::max(m[r], row_max(vmax, qscale, raw));
   }
   __m512 vsum[MR];
   for (int r = 0; r < MR; ++r) {
     const __m512 mv = _mm512_set1_ps(m_new[r]);
     vsum[r] = _mm512_setzero_ps();
     for (int v = 0; v < NV; ++v) {
-      __m512 e = exp2_nonpositive(_mm512_sub_ps(acc[r][v], mv));
+      __m512 e = exp2_weights(kMask ? _mm512_sub_ps(acc[r][v], mv) : exponent(acc[r][v], nullptr, qs, mv));
       vsum[r] = _mm512_add_ps(vsum[r], e);
       if constexpr (kDropout) e = _mm512_mul_ps(e, _mm512_loadu_ps(z + r * lds + v * 16));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + r * ldp + v * 16),
                           reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
     }
   }
-  for (int r = 0; r < MR; ++r) {
-    alpha[r] = m_new[r] == m[r] ? 1.0f : std::exp2(m[r] - m_new[r]);  // skipped once the maximum settles
-    l[r] = std::fma(l[r], alpha[r], _mm512_reduce_add_ps(vsum[r]));
-    m[r] = m_new[r];
-  }
+  for (int r = 0; r < MR; ++r) finish_row(m_new[r], vsum[r], m[r], l[r], alpha[r]);
 }
 
 // The fused step over a tile of ni rows and nk16 <= kFusedKeyBlocks·16 keys, 4 rows at a time.

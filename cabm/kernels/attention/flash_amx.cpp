@@ -40,9 +40,6 @@ namespace {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
-// 2^x for x <= 0: detail::exp2_nonpositive of attention/bf16_avx512.h (the avx512_bf16 path's,
-// bit for bit; its target features are a subset of CABM_AMX's, so it inlines here).
-
 // One row of the online softmax over nk16 scores: the avx512_bf16 path's row pass
 // (softmax_rows_avx512 of attention/bf16_avx512.h, the same operations in the same order; its
 // target features are a subset of CABM_AMX's, so it inlines here) on one row, then zeros for P's
@@ -62,31 +59,30 @@ template <int NV, int R>
 CABM_AMX void softmax_rows_nv(const float* x, const float* mrow, const float* z, int64_t lds, int64_t nk32,
                               float qscale, bf16* prow, float* m, float* l, float* alpha) {
   const __m512 qs = _mm512_set1_ps(qscale);
-  __m512 t[R][NV];
+  const bool raw = raw_row_max(mrow, qscale);
+  __m512 t[R][NV];  // x = s·qscale + mask with a mask, else the scores s (see raw_row_max)
   float m_new[R];
   for (int r = 0; r < R; ++r) {
     __m512 vmax = _mm512_set1_ps(-INFINITY);
     for (int c = 0; c < NV; ++c) {
       const __m512 x_rc = _mm512_loadu_ps(x + r * lds + 16 * c);
-      t[r][c] = mrow ? _mm512_fmadd_ps(x_rc, qs, _mm512_loadu_ps(mrow + r * lds + 16 * c)) : _mm512_mul_ps(x_rc, qs);
-      vmax = _mm512_max_ps(vmax, t[r][c]);
+      t[r][c] = mrow ? _mm512_fmadd_ps(x_rc, qs, _mm512_loadu_ps(mrow + r * lds + 16 * c)) : x_rc;
+      vmax = _mm512_max_ps(vmax, mrow ? t[r][c] : max_operand(x_rc, nullptr, qs, raw));
     }
-    m_new[r] = std::max(m[r], _mm512_reduce_max_ps(vmax));
+    m_new[r] = std::max(m[r], row_max(vmax, qscale, raw));
   }
   for (int r = 0; r < R; ++r) {
     const __m512 mv = _mm512_set1_ps(m_new[r]);
     __m512 vsum = _mm512_setzero_ps();
     bf16* pr = prow + r * lds;
     for (int c = 0; c < NV; ++c) {
-      __m512 e = exp2_nonpositive(_mm512_sub_ps(t[r][c], mv));
+      __m512 e = exp2_weights(mrow ? _mm512_sub_ps(t[r][c], mv) : exponent(t[r][c], nullptr, qs, mv));
       vsum = _mm512_add_ps(vsum, e);
       if (z) e = _mm512_mul_ps(e, _mm512_loadu_ps(z + r * lds + 16 * c));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + 16 * c), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
     }
     if (nk32 > 16 * NV) _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + 16 * NV), _mm256_setzero_si256());
-    alpha[r] = m_new[r] == m[r] ? 1.0f : std::exp2(m[r] - m_new[r]);
-    l[r] = std::fma(l[r], alpha[r], _mm512_reduce_add_ps(vsum));
-    m[r] = m_new[r];
+    finish_row(m_new[r], vsum, m[r], l[r], alpha[r]);
   }
 }
 template <int NV>

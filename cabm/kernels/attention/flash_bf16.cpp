@@ -9,6 +9,7 @@
 
 #include "cabm/kernels/bf16.h"
 #include "cabm/kernels/cpu_isa.h"
+#include "cabm/kernels/exp2_poly.h"
 
 #include <algorithm>
 #include <cfloat>
@@ -115,20 +116,22 @@ void pv_portable(const bf16* pt, int64_t ldp, int64_t ni, const bf16* vp, int64_
   }
 }
 
-// Row pass of the online softmax over one tile (see forward_query_tile).
+// Row pass of the online softmax over one tile (see forward_query_tile), P into s. The exponent
+// x − m' of each weight (x = s·qscale + mask) is rounded as in the vector paths: one FMA for
+// s·qscale − m' without a mask, s·qscale + mask then − m' with one (attention/bf16_avx512.h);
+// 2^x by detail::exp2_weight, their polynomial.
 void softmax_rows_portable(float* s, int64_t lds, int64_t ni, int64_t nk16, const float* mask, float qscale, float* m,
                            float* l, float* alpha) {
   for (int64_t r = 0; r < ni; ++r) {
     float* x = s + r * lds;
+    const float* mrow = mask ? mask + r * lds : nullptr;
+    const auto scaled = [&](int64_t c) { return mrow ? std::fma(x[c], qscale, mrow[c]) : x[c] * qscale; };
     float tmax = -INFINITY;
-    for (int64_t c = 0; c < nk16; ++c) {
-      x[c] = x[c] * qscale + (mask ? mask[r * lds + c] : 0.0f);
-      tmax = std::max(tmax, x[c]);
-    }
+    for (int64_t c = 0; c < nk16; ++c) tmax = std::max(tmax, scaled(c));
     const float m_new = std::max(m[r], tmax);
     float sum = 0.0f;
     for (int64_t c = 0; c < nk16; ++c) {
-      x[c] = std::exp2(x[c] - m_new);
+      x[c] = detail::exp2_weight(mrow ? scaled(c) - m_new : std::fma(x[c], qscale, -m_new));
       sum += x[c];
     }
     alpha[r] = std::exp2(m[r] - m_new);
