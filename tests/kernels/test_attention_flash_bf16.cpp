@@ -125,6 +125,24 @@ TEST(AttentionFlashBf16, ForwardHeadDimsAndTails) {
       }
 }
 
+// Negative, zero and positive scales (PyTorch's `scale` takes any float): without a mask the row
+// pass takes the maximum of the raw scores where the scale is >= 0 and of the scaled ones where it
+// is negative (attention/bf16_avx512.h). Scores spread over hundreds of units, so that a wrong
+// maximum overflows P; key tiles of 48 (the fused avx512_bf16 step), 200 and the wide defaults
+// (the separate row pass), with and without a mask; every forward path.
+TEST(AttentionFlashBf16, ForwardAnySignOfScale) {
+  const Dims s{1, 260, 300, 2, 24, 16};
+  for (float scale : {-0.7f, 0.0f, 0.45f})
+    for (const MaskCase& mc : test::pick(mask_cases(), {"none", "causal", "key_padding"}))
+      for (const FlashConfig& config : {FlashConfig{}, FlashConfig{16, 48}, FlashConfig{13, 200}}) {
+        SCOPED_TRACE("scale " + std::to_string(scale) + " mask " + mc.name);
+        FlashCase c{s, {}, config, false, 21, 6.0f};
+        c.options.scale = scale;
+        c.options.mask = mc.make(s);
+        check_forward(c);
+      }
+}
+
 // Sequences long enough for the packed paths' wide default tiles (ForwardTilesPerPath): key tiles
 // clipped at the causal diagonal and at padding, a tail tile, dropout; every forward path.
 TEST(AttentionFlashBf16, ForwardWideTilesOfLongSequences) {
