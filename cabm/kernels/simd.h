@@ -37,12 +37,12 @@
 
 namespace cabm::CABM_SIMD_NS {
 
-// exp2(x) = 2^n · 2^f with n = round(x), f = x − n ∈ [−½, ½]; 2^f by the polynomial of
-// exp2_poly.h (Cephes' exp2f, relative error < 2e-7 on [−½, ½]). For x <= 0, the only arguments
+// exp2(x) = 2^n · 2^f with n = round(x), f = x − n ∈ [−½, ½]; 2^f by a polynomial of
+// exp2_poly.h (exp2_nonpositive: Cephes' exp2f, relative error < 2e-7 on [−½, ½]; exp2_weights:
+// the bf16 kernels' weights, below the flavours). For x <= 0, the only arguments
 // the kernels need (scores minus their running maximum); small positive x still work (up to 127),
 // and callers that cannot rule out larger ones clamp first (simd::min(x, 0)). Everything below
 // 2^−126 (−inf included) gives exactly 0, so masked scores contribute nothing.
-using detail::kExp2Degree;
 using detail::kExp2Min;
 using detail::kExp2Poly;
 
@@ -88,11 +88,12 @@ inline Vec copy_sign(Vec magnitude, Vec sign) {
 
 // No clamp before the polynomial: the lanes it would change (below −127, −inf: f is NaN there) are
 // the ones the final mask sets to 0 anyway.
-inline Vec exp2_nonpositive(Vec x) {
+template <int Degree>
+inline Vec exp2_by(Vec x, const float (&poly)[Degree]) {
   const __m512 n = _mm512_roundscale_ps(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x.v, n);
-  __m512 p = _mm512_set1_ps(kExp2Poly[0]);
-  for (int c = 1; c < kExp2Degree; ++c) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2Poly[c]));
+  __m512 p = _mm512_set1_ps(poly[0]);
+  for (int c = 1; c < Degree; ++c) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(poly[c]));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
   const __mmask16 live = _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(kExp2Min), _CMP_GE_OQ);
   return {_mm512_maskz_scalef_ps(live, p, n)};
@@ -163,11 +164,12 @@ inline Vec copy_sign(Vec magnitude, Vec sign) {
 }
 
 // No clamp before the polynomial (as the AVX-512 flavour): lanes below −126 are masked to 0.
-inline Vec exp2_nonpositive(Vec x) {
+template <int Degree>
+inline Vec exp2_by(Vec x, const float (&poly)[Degree]) {
   const __m256 n = _mm256_round_ps(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m256 f = _mm256_sub_ps(x.v, n);
-  __m256 p = _mm256_set1_ps(kExp2Poly[0]);
-  for (int c = 1; c < kExp2Degree; ++c) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Poly[c]));
+  __m256 p = _mm256_set1_ps(poly[0]);
+  for (int c = 1; c < Degree; ++c) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(poly[c]));
   p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
   // p · 2^n by adding n to the exponent field; valid for n >= −126, the rest is masked to 0.
   const __m256i bits = _mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23));
@@ -265,7 +267,8 @@ inline bool all_equal(Vec a, Vec b) {
   for (int l = 0; l < kWidth; ++l) all &= a.v[l] == b.v[l];
   return all;
 }
-inline Vec exp2_nonpositive(Vec x) {
+template <int Degree>
+inline Vec exp2_by(Vec x, const float (&poly)[Degree]) {
   Vec r;
   for (int l = 0; l < kWidth; ++l) {
     // NaN takes the clamp too (the comparison is false): converting a NaN n to int32 is undefined
@@ -274,8 +277,8 @@ inline Vec exp2_nonpositive(Vec x) {
     // Round to nearest by the 1.5·2^23 trick (exact for |x| < 2^22), which vectorises without SSE4.1.
     const float n = (xc + 12582912.0f) - 12582912.0f;
     const float f = xc - n;
-    float p = kExp2Poly[0];
-    for (int c = 1; c < kExp2Degree; ++c) p = p * f + kExp2Poly[c];
+    float p = poly[0];
+    for (int c = 1; c < Degree; ++c) p = p * f + poly[c];
     p = p * f + 1.0f;
     int32_t bits;
     std::memcpy(&bits, &p, sizeof bits);
@@ -317,6 +320,16 @@ inline Vec round_to_bf16(Vec x) {
 }
 
 #endif
+
+// exp2_by with the polynomial of exp2_poly.h: kExp2Poly for everything fp32 (exp2_nonpositive),
+// kExp2PPoly for the weights P of the bf16 kernels, which round P to bf16 next (exp2_weights: the
+// same operations as detail::exp2_weight and the avx512_bf16 paths' exp2_weights).
+inline Vec exp2_nonpositive(Vec x) {
+  return exp2_by(x, kExp2Poly);
+}
+inline Vec exp2_weights(Vec x) {
+  return exp2_by(x, detail::kExp2PPoly);
+}
 
 // tanh(x) in two pieces, as Cephes' tanhf, both accurate to a few float ulps relative (the test
 // in test_attention_flash_variants.cpp measures it against std::tanh):

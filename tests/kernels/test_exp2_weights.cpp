@@ -1,11 +1,14 @@
 // The exponential of the bf16 attention kernels' softmax weights (exp2_poly.h's degree-4
 // polynomial): the scalar detail::exp2_weight within kExp2PRelError of 2^x over the range P takes,
 // exact at integers, 0 below 2^kExp2Min and at −inf; the vector exp2_weights of
-// attention/bf16_avx512.h bit for bit equal to it (so the portable and the vector paths round the
-// same P to bf16). The bounds of test_attention_flash_bf16(_backward) count on kExp2PRelError.
+// attention/bf16_avx512.h and simd.h's (the flavour this file is built for: AVX-512 or AVX2 with
+// -march=native, which the fp32 SIMD tiles' bf16 forward uses) bit for bit equal to it, so that
+// every path rounds the same P to bf16. The bounds of test_attention_flash_bf16(_backward) count
+// on kExp2PRelError.
 #include "cabm/kernels/attention/bf16_avx512.h"
 #include "cabm/kernels/bf16.h"
 #include "cabm/kernels/exp2_poly.h"
+#include "cabm/kernels/simd.h"
 
 #include <gtest/gtest.h>
 
@@ -70,6 +73,20 @@ TEST(Exp2Weights, VectorEqualsScalarBitForBit) {
   }
 #else
   GTEST_SKIP() << "not an x86-64 build: no vector weights";
+#endif
+}
+
+TEST(Exp2Weights, SimdFlavourEqualsScalarBitForBit) {
+#if CABM_SIMD_LEVEL > 0
+  const std::vector<float> xs = arguments();
+  std::vector<float> got(xs.size());
+  for (size_t i = 0; i < xs.size(); i += simd::kWidth) simd::store(&got[i], simd::exp2_weights(simd::load(&xs[i])));
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const float expected = detail::exp2_weight(xs[i]);
+    EXPECT_EQ(std::memcmp(&got[i], &expected, 4), 0) << "x " << xs[i] << ": simd " << got[i] << ", scalar " << expected;
+  }
+#else
+  GTEST_SKIP() << "built without AVX2 or AVX-512 flags: simd.h's portable flavour, which no bf16 path uses";
 #endif
 }
 

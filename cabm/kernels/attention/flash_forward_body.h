@@ -150,7 +150,8 @@ void forward_query_tile(const ForwardArgs& args, ForwardBuffers& buf, int64_t b,
       Vec sum = simd::zero();
       for (int64_t r = 0; r < nk; ++r) {
         const Vec x = simd::sub(simd::load(s + r * ld + lv), m_new);
-        Vec e = simd::exp2_nonpositive(x);
+        // The bf16 kernels' weights take their own polynomial (simd::exp2_weights), as every bf16 path.
+        Vec e = kRoundsProducts<T> ? simd::exp2_weights(x) : simd::exp2_nonpositive(x);
         if constexpr (kVariants) e = simd::select_below(x, simd::set1(kNegligible), simd::zero(), e);
         simd::store(s + r * ld + lv, e);
         sum = simd::add(sum, e);
