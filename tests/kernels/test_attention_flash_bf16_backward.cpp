@@ -47,8 +47,10 @@ Bounds derive_bounds(const Inputs& in, const AttentionOptions& options, const Ou
 
   b.out = kUWeights * keep * vmax + fp32_out;
   const double c = keep * dv * gmax * vmax;
-  const double e = (1.0 + u) * (u * c + dv * gmax * b.out) + 2.0 * u * c;
-  b.dv = (2.0 * u + u * u) * gmax * w.col_a + fp32_dv;
+  // P, recomputed with the forward's polynomial, is off by eps more in dV's and dS's terms.
+  const double eps = detail::kExp2PRelError;
+  const double e = (1.0 + u) * (u * c + dv * gmax * b.out) + 2.0 * (u + eps) * c;
+  b.dv = (2.0 * u + u * u + eps) * gmax * w.col_a + fp32_dv;
   b.dq = scale * kmax * e + fp32_dq;
   b.dk = scale * qmax * e * w.col_p + fp32_dk;
 

@@ -11,7 +11,8 @@
 // it, the bf16 roundings, each a relative error of at most u_b on one operand:
 //  - forward: P before P·V. o_i = Σ_j a_ij v_j with Σ_j a_ij ≤ keep = 1/(1 − dropout), so o is off
 //    by at most u_b·keep·max|v|; P's exponential is a degree-4 polynomial (exp2_poly.h) with
-//    relative error ε, in P and in l = Σ P: a further 2ε (kUWeights);
+//    relative error ε, in P and in l = Σ P: a further 2ε (kUWeights); the backward recomputes P
+//    with it: ε more where P enters dV and dS below;
 //  - dV_j = Σ_i a_ij dO_i with a and dO both rounded: (2u_b + u_b²)·max|dO|·max_j Σ_i a_ij (the
 //    column sums of the dropped-out weights, computed from the reference's weights);
 //  - dP_ij = z_ij·dO_i·v_j with dO rounded: u_b·C, C = keep·dv·max|dO|·max|v| (C also bounds |dP|

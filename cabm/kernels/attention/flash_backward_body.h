@@ -178,7 +178,7 @@ void backward_key_tile(const BackwardArgs& args, BackwardBuffers& buf, int64_t b
           if (kind == TileKind::kPartial) x = simd::add(x, simd::load(mrow + lv));
           // Recomputed scores may exceed lse by rounding: clamp, P <= 1.
           const Vec t = simd::min(simd::sub(x, row_lse), simd::zero());
-          Vec pr = simd::exp2_nonpositive(t);
+          Vec pr = kRoundsProducts<T> ? simd::exp2_weights(t) : simd::exp2_nonpositive(t);  // as the forward's P
           if constexpr (kVariants) pr = simd::select_below(t, simd::set1(kNegligible), simd::zero(), pr);
           simd::store(srow + lv, pr);
         }

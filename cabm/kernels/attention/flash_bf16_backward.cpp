@@ -234,9 +234,9 @@ void begin_query_head(const Args& args, Buffers& buf, int64_t b, int64_t h, int6
 }
 
 // From S and dP of a tile (ni rows, nk keys; lanes past nk are padding): P = exp2(min(S·qscale +
-// mask − lse2, 0)) in fp32, dS = bf16(P·(dP·z − D)) into ds rows and ds_pairs, bf16(P·z) into
-// pz_pairs (pairs of rows [ni_in/2][nk16][2]). Padding keys (to nk_in in ds), padding rows (to
-// ni_in in the pairs, to the row padding in ds) get zeros: the products read them.
+// mask − lse2, 0)) in fp32 (the forward's weights: exp2_weights), dS = bf16(P·(dP·z − D)) into ds rows and ds_pairs,
+// bf16(P·z) into pz_pairs (pairs of rows [ni_in/2][nk16][2]). Padding keys (to nk_in in ds), padding rows (to ni_in in
+// the pairs, to the row padding in ds) get zeros: the products read them.
 CABM_AVX512_BF16 void tile_gradients(const Problem& p, Buffers& buf, int64_t ni, int64_t nk, const float* lse2,
                                      const float* delta, bool masked) {
   const int64_t lds = buf.lds, ldds = buf.ldds, nk16 = round_up(nk, kBlock), nk_in = round_up(nk, p.inner);
@@ -251,10 +251,12 @@ CABM_AVX512_BF16 void tile_gradients(const Problem& p, Buffers& buf, int64_t ni,
           pz16[h] = ds16[h] = _mm256_setzero_si256();
           continue;
         }
-        __m512 t = _mm512_mul_ps(_mm512_loadu_ps(buf.s.data() + r * lds + c), qs);
-        if (masked) t = _mm512_add_ps(t, _mm512_loadu_ps(buf.mask.data() + r * lds + c));
-        t = _mm512_min_ps(_mm512_sub_ps(t, _mm512_set1_ps(lse2[r])), zero);  // recomputed scores may pass lse
-        const __m512 prob = _mm512_maskz_mov_ps(live, exp2_nonpositive(t));
+        // The exponent as the forward's (exponent, attention/bf16_avx512.h) with lse for the maximum.
+        const __m512 t =
+            _mm512_min_ps(exponent(_mm512_loadu_ps(buf.s.data() + r * lds + c),
+                                   masked ? buf.mask.data() + r * lds + c : nullptr, qs, _mm512_set1_ps(lse2[r])),
+                          zero);  // recomputed scores may pass lse
+        const __m512 prob = _mm512_maskz_mov_ps(live, exp2_weights(t));
         __m512 dprob = _mm512_loadu_ps(buf.dpp.data() + r * lds + c), pz = prob;
         if (p.dropout) {
           const __m512 z = _mm512_loadu_ps(buf.z.data() + r * lds + c);

@@ -5,7 +5,8 @@
 // 1 without dropout), g_ij = 1 − tanh²(t_ij/c) the soft-cap's derivative (1 without it) and
 // bf16(·) the rounding to the nearest bf16 value (the derivation is in attention/reference.cpp):
 //
-//   P_ij  = exp2(s_ij − lse2_i)               fp32, from the forward's lse (no second softmax pass)
+//   P_ij  = exp2(s_ij − lse2_i)               fp32, from the forward's lse (no second softmax pass),
+//                                             by the forward's polynomial (exp2_weight)
 //   dV_j += bf16(P_ij z_ij) · bf16(dO_i)
 //   dP_ij = z_ij · bf16(dO_i) · v_j
 //   dT_ij = P_ij (dP_ij − D_i) g_ij,   D_i = dO_i · O_i in fp32
@@ -21,6 +22,7 @@
 #include "cabm/kernels/attention/bf16_variants.h"
 #include "cabm/kernels/attention/tile_mask.h"
 #include "cabm/kernels/bf16.h"
+#include "cabm/kernels/exp2_poly.h"
 
 #include <algorithm>
 #include <cmath>
@@ -136,7 +138,8 @@ void backward_query_head_portable(const BackwardArgs& args, BackwardBuffers& buf
           const float* vj = buf.v.data() + j * dv;
           float score = 0.0f;
           for (int64_t e = 0; e < d; ++e) score += qi[e] * kj[e];
-          float cap_grad = 1.0f;    // dt/du of the soft-cap
+          float cap_grad = 1.0f;  // dt/du of the soft-cap
+          float score_scale = qscale;
           if (variants.active()) {  // as variant_scores_portable, then base 2
             float t = score * p.scale;
             if (cap > 0.0f) {
@@ -146,12 +149,13 @@ void backward_query_head_portable(const BackwardArgs& args, BackwardBuffers& buf
             }
             if (slope != 0.0f) t -= slope * static_cast<float>(std::llabs(qpos - buf.kpos[c]));
             score = t * kLog2e;
-          } else {
-            score *= qscale;
+            score_scale = 1.0f;
           }
-          const float bias = kind == TileKind::kPartial ? buf.mask[r * nk + c] : 0.0f;
-          // Recomputed scores may exceed lse by rounding: clamp, P <= 1.
-          const float prob = std::exp2(std::min(score + bias - buf.lse2[i], 0.0f));
+          // The exponent rounded as in the forward (softmax_rows_portable), lse2 for the maximum;
+          // recomputed scores may exceed lse by rounding: clamp, P <= 1.
+          const float x = kind == TileKind::kPartial ? std::fma(score, score_scale, buf.mask[r * nk + c]) - buf.lse2[i]
+                                                     : std::fma(score, score_scale, -buf.lse2[i]);
+          const float prob = exp2_weight(std::min(x, 0.0f));
           if (prob == 0.0f) continue;  // masked (or underflowed): no gradient at all
           const float z = p.dropout ? buf.z[c] : 1.0f;
           float dprob = 0.0f;
