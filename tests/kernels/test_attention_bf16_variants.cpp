@@ -4,7 +4,7 @@
 // kernel on modelled tiles wherever AVX-512 BF16 exists, avx512_bf16, portable; a
 // path the CPU lacks is skipped with the reason): every mask kind, dropout, odd sizes and tile
 // tails, forced tile sizes, thread counts, fully masked rows (the vector tanh on its own:
-// test_tanh_avx512.cpp). The backward with the variants: the portable path, and the automatic
+// test_vector_tanh.cpp). The backward with the variants: the portable path, and the automatic
 // one where flash_bf16_supports_variants says it runs them (bounds derived with the backward
 // tests below).
 //
@@ -13,7 +13,7 @@
 // rel = 2·relative_bound(dims, smax) and smax bounding |score|. With the variants smax is the
 // bound of the capped scaled product (min(c, |scale|·d·max|q|·max|k|)) plus the ALiBi term
 // (max|slope|·max|qpos − kpos|) plus the additive biases, and the variants add their own
-// roundings: the vector tanh (2 ulp relative, test_tanh_avx512.cpp), the cap's division and
+// roundings: the vector tanh (2 ulp relative, test_vector_tanh.cpp), the cap's division and
 // product, the ALiBi product and subtraction and the base-2 conversion, each at most u·smax
 // absolute in a score; a weight a_j = exp(s_j − lse) sees two scores' errors. kVariantRoundings = 8 covers them
 // with room (2·8·u·smax added to rel before the doubling). A kernel that skipped a variant,

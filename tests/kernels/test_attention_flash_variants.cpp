@@ -1,7 +1,8 @@
 // Tier 2 of the attention tests for the variants of current models in the fp32 flash kernel:
 // grouped-query attention (GQA/MQA), logit soft-capping and ALiBi, forward and backward, against
 // the reference kernel (attention/reference.cpp, the oracle), alone and combined with every mask
-// kind, dropout, odd sizes, small tiles and thread counts; and the vectorised tanh they need.
+// kind, dropout, odd sizes, small tiles and thread counts (the vectorised tanh they need:
+// test_vector_tanh.cpp).
 #include "cabm/kernels/attention/attention.h"
 #include "cabm/kernels/attention/flash.h"
 #include "cabm/kernels/attention/flash_detail.h"
@@ -13,7 +14,6 @@
 #include "util/test_util.h"
 
 #include <algorithm>
-#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -172,37 +172,6 @@ std::vector<int64_t> random_positions(int64_t n, uint64_t seed, int64_t offset, 
 void all_variants(AttentionOptions& o, int64_t H, float softcap, bool paper_slopes, uint64_t seed) {
   o.softcap = softcap;
   o.alibi_slopes = paper_slopes ? alibi_paper_slopes(H) : random_slopes(H, seed);
-}
-
-// --- the vectorised tanh ------------------------------------------------------------------------
-
-TEST(FlashVariantsSimd, TanhMatchesStdTanh) {
-  std::vector<float> x;
-  for (float t = -60.0f; t <= 60.0f; t += 0.00373f) x.push_back(t);
-  for (float t = 1e-38f; t < 20.0f; t *= 1.003f) x.insert(x.end(), {t, -t});
-  x.insert(x.end(), {0.0f, -0.0f, 1e-45f, -1e-45f, 0.625f, std::nextafter(0.625f, 0.0f), 9.0f, 44.0f, 1e30f,
-                     -1e30f, INFINITY, -INFINITY, FLT_MAX, -FLT_MAX});
-  while (x.size() % simd::kWidth) x.push_back(1.0f);
-  std::vector<float> y(x.size());
-  for (size_t n = 0; n < x.size(); n += simd::kWidth) simd::store(&y[n], simd::tanh(simd::load(&x[n])));
-  double worst = 0;
-  for (size_t n = 0; n < x.size(); ++n) {
-    const double expected = std::tanh(static_cast<double>(x[n]));
-    ASSERT_EQ(std::signbit(y[n]), std::signbit(x[n])) << x[n];
-    if (expected == 0.0) {
-      EXPECT_EQ(y[n], 0.0f) << x[n];
-      continue;
-    }
-    // A few ulps relative over the whole range, small arguments included (no cancellation).
-    const double rel = std::fabs(y[n] - expected) / std::fabs(expected);
-    worst = std::max(worst, rel / kU);
-    EXPECT_LE(rel, 5 * kU) << "tanh(" << x[n] << ") = " << y[n] << ", expected " << expected;
-    EXPECT_LE(std::fabs(y[n]), 1.0f) << x[n];
-  }
-  RecordProperty("worst_relative_error_in_u", std::to_string(worst));
-  float nan[simd::kWidth];
-  simd::store(nan, simd::tanh(simd::set1(NAN)));
-  EXPECT_TRUE(std::isnan(nan[0])) << "NaN stays NaN";
 }
 
 // --- GQA / MQA ----------------------------------------------------------------------------------
