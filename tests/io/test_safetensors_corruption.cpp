@@ -10,14 +10,9 @@
 #include <random>
 #include <string>
 
-namespace cabm {
+// Inside the helpers' namespace (util/safetensors_files.h) for their names.
+namespace cabm::test {
 namespace {
-
-using test::every_dtype;
-using test::expect_same;
-using test::read_bytes;
-using test::temp_path;
-using test::write_bytes;
 
 TEST(SafetensorsCorruption, ReadsOrThrowsNeverCrashes) {
   const std::string valid_path = temp_path("valid.safetensors");
@@ -126,11 +121,11 @@ TEST(SafetensorsInMemory, AgreesWithTheFileReader) {
   }
   EXPECT_GT(threw, 20);
   EXPECT_GT(read_ok, 20);
-  EXPECT_NE(test::error_of([] {
+  EXPECT_NE(error_of([] {
               parse_safetensors(std::string_view("\x05\0\0\0", 4), "bytes.safetensors");
             }).find("bytes.safetensors: file is 4 bytes, too short"),
             std::string::npos);
 }
 
 }  // namespace
-}  // namespace cabm
+}  // namespace cabm::test
