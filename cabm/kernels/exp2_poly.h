@@ -1,7 +1,7 @@
-// The constants of cabm's one vector exp2 (simd.h, in each instruction-set flavour, and the
-// AVX-512 BF16 attention kernels' copy of its AVX-512 flavour, attention/bf16_avx512.h, which is
-// compiled by function attribute and cannot include simd.h's): kept here once, so that every vector
-// path evaluates the same polynomial. (The scalar bf16 paths, written to be read, call std::exp2.)
+// The constants of cabm's vector exp2 (simd.h, in each instruction-set flavour, and the AVX-512
+// BF16 attention kernels' copy of its AVX-512 exp2_weights, attention/bf16_avx512.h, which is
+// compiled by function attribute and cannot include simd.h's): kept here once, so that every path
+// evaluates the same polynomial; and the scalar exp2_weight, which the portable bf16 paths call.
 //
 // exp2(x) = 2^n · 2^f with n = round(x), f = x − n ∈ [−½, ½]; 2^f by the degree-6 polynomial of
 // Cephes' exp2f (relative error < 2e-7 on [−½, ½]), Horner from kExp2Poly[0], then · f + 1.

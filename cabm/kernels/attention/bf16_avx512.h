@@ -192,27 +192,19 @@ CABM_AVX512_BF16 inline void pack_row_blocks_avx512(const bf16* src, int64_t str
   }
 }
 
-// 2^x for x <= 0 (−inf → 0) by the polynomial `poly` of exp2_poly.h: with kExp2Poly, simd.h's
-// AVX-512 exp2 written again with intrinsics (that header picks its instruction set at compile
-// time, and this code is compiled for AVX-512 by attribute only): the same bits as the fp32
-// kernels' exp2.
-template <int Degree>
-CABM_AVX512_BF16 inline __m512 exp2_by(__m512 x, const float (&poly)[Degree]) {
+// 2^x for the softmax weights P, which are rounded to bf16 right after: the degree-4 polynomial
+// of exp2_poly.h, simd.h's AVX-512 exp2_weights written again with intrinsics (that header picks
+// its instruction set at compile time, and this code is compiled for AVX-512 by attribute only):
+// the same operations, the same bits as detail::exp2_weight. For x <= 0 (−inf → 0).
+CABM_AVX512_BF16 inline __m512 exp2_weights(__m512 x) {
   // No clamp first: the lanes a clamp would change (below −127, −inf) are masked to 0 below.
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, n);
-  __m512 y = _mm512_set1_ps(poly[0]);
-  for (int c = 1; c < Degree; ++c) y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(poly[c]));
+  __m512 y = _mm512_set1_ps(kExp2PPoly[0]);
+  for (int c = 1; c < kExp2PDegree; ++c) y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(kExp2PPoly[c]));
   y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0f));
   const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExp2Min), _CMP_GE_OQ);
   return _mm512_maskz_scalef_ps(live, y, n);
-}
-CABM_AVX512_BF16 inline __m512 exp2_nonpositive(__m512 x) {
-  return exp2_by(x, kExp2Poly);
-}
-// The softmax weights P, rounded to bf16 right after: the degree-4 polynomial (exp2_poly.h).
-CABM_AVX512_BF16 inline __m512 exp2_weights(__m512 x) {
-  return exp2_by(x, kExp2PPoly);
 }
 
 // The row pass's two uses of 16 scores s (mask16: the tile's mask at those scores, or null).
@@ -244,7 +236,7 @@ CABM_AVX512_BF16 inline void finish_row(float m_new, __m512 vsum, float& m, floa
 // The row pass of the online softmax over one tile: m' = max(m, max x) (x = s·qscale + mask),
 // P = exp2(x − m') summed into l = α·l + Σ P (α = exp2(m − m')), then P·z with dropout (z: the
 // tile's dropout factors, or null) and P rounded to bf16 into p [0, nk16). P is never subnormal
-// (exp2_by, z >= 1), so vcvtneps2bf16 rounds it exactly as float_to_bf16 does.
+// (exp2_weights, z >= 1), so vcvtneps2bf16 rounds it exactly as float_to_bf16 does.
 // The FMAs are explicit here and in scores_softmax_block (and the AMX softmax): written as
 // a·b + c, GCC contracts them or not depending on the inlined code around them, and the fused
 // and separate passes could round differently. Row after row: running four rows' phases
