@@ -19,7 +19,6 @@ namespace {
 
 using test::every_dtype;
 using test::expect_same;
-using test::read_bytes;
 using test::temp_path;
 using test::write_bytes;
 
@@ -111,7 +110,7 @@ TEST(Safetensors, WrittenLayoutFollowsTheSpec) {
   tensors["a"] = Tensor::zeros({1}, DType::BOOL);           // 1 byte
   tensors["c"] = Tensor::zeros({2}, DType::I64);            // 16 bytes
   write_safetensors(path, tensors, {{"k", "v"}});
-  const std::string bytes = read_bytes(path);
+  const std::string bytes = test::read_file(path);
   ASSERT_GE(bytes.size(), 8u);
   uint64_t n = 0;
   std::memcpy(&n, bytes.data(), 8);
@@ -134,7 +133,7 @@ TEST(Safetensors, WrittenLayoutFollowsTheSpec) {
 TEST(Safetensors, EmptyFileAndEmptyMetadata) {
   const std::string path = temp_path("empty.safetensors");
   write_safetensors(path, {});
-  EXPECT_EQ(read_bytes(path), u64_bytes(8) + "{}      ");  // no __metadata__ when there is none
+  EXPECT_EQ(test::read_file(path), u64_bytes(8) + "{}      ");  // no __metadata__ when there is none
   const SafetensorsFile file = read_safetensors(path);
   EXPECT_TRUE(file.tensors.empty());
   EXPECT_TRUE(file.metadata.empty());

@@ -17,7 +17,7 @@ namespace {
 TEST(SafetensorsCorruption, ReadsOrThrowsNeverCrashes) {
   const std::string valid_path = temp_path("valid.safetensors");
   write_safetensors(valid_path, every_dtype(), {{"module", "TransformerEncoder"}, {"nhead", "2"}});
-  const std::string valid = read_bytes(valid_path);
+  const std::string valid = read_file(valid_path);
   uint64_t header_bytes = 0;
   std::memcpy(&header_bytes, valid.data(), 8);
 
@@ -81,7 +81,7 @@ TEST(SafetensorsCorruption, ReadsOrThrowsNeverCrashes) {
 TEST(SafetensorsInMemory, AgreesWithTheFileReader) {
   const std::string valid_path = temp_path("memory_valid.safetensors");
   write_safetensors(valid_path, every_dtype(), {{"k", "v"}});
-  const std::string valid = read_bytes(valid_path);
+  const std::string valid = read_file(valid_path);
   const std::string path = temp_path("memory.safetensors");
   std::mt19937_64 rng(7);
   int read_ok = 0, threw = 0;

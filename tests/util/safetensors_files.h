@@ -25,11 +25,6 @@ inline void write_bytes(const std::string& path, const std::string& bytes) {
   ASSERT_TRUE(out.good()) << path;
 }
 
-inline std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 inline void expect_same(const Tensor& actual, const Tensor& expected, const std::string& name) {
   SCOPED_TRACE(name);
   ASSERT_EQ(actual.dtype(), expected.dtype());

@@ -67,10 +67,10 @@ std::string fixtures_dir();  // where make_fixtures.py wrote its files
 std::string cabm_binary();   // path of the built `cabm` executable
 std::string temp_dir();      // a fresh directory for this test process
 
-std::string read_file(const std::string& path);
+std::string read_file(const std::string& path);  // whole file as bytes ("" if unreadable)
 
 // The message of the cabm::Error that f throws, or "" when it throws none.
-std::string error_of(const std::function<void()>& f);  // whole file as bytes ("" if unreadable)
+std::string error_of(const std::function<void()>& f);
 
 // Runs `cabm ARGS` through the shell (CABM_NUM_THREADS=2, stdin from /dev/null) and captures
 // its exit status (-1 if it did not exit normally), stdout and stderr.
