@@ -63,14 +63,18 @@ FlashConfig flash_resolved_config(const FlashConfig& config, const AttentionOpti
   //    Measured (B·N = 4096, H 8, 2 threads, causal; tile sizes interleaved in one process):
   //    N = 128, d 32: forward +24–31%, backward +12–24%; N = 256: +17% and +9–11%; at N = 512
   //    the gain is down to ≈ 5% and the defaults stay.
-  // On AVX-512 (AMD Zen 5, session 13: N 4096, H 8, 2 threads, nine pairs 32–128 × 48–192, three
-  // interleaved rounds, docs/attention_performance.md) the defaults were within 5% of the best pair
-  // for d 64 and 128, with and without a causal mask: inside that machine's noise, so kept.
-  //    (Not for one query row, KV-cache decoding: its row sees whole tiles, no diagonal.)
+  //  - the forward takes 192 keys per tile (96 before): half the tiles, so half the rescales of Oᵀ
+  //    and the per-tile bookkeeping of the online softmax. The Zen 5 (session 13, nine pairs 32–128
+  //    × 48–192) ran 192 best in 3 of 4 cases (+3–5%, then inside its noise); the Zen 4 (session
+  //    24, N 4096, H 8, 2 threads, three interleaved rounds, d 64 and 128, with and without a
+  //    causal mask) ran it ahead of 96 in all 24 pairs of measurements, on the avx2 and the avx512
+  //    set alike (+0.2 to +2.6 points of the FMA peak); 384 kept that at d 64 and lost it at d 128.
+  //    The backward stays at 96 × 96. (Not for one query row, KV-cache decoding: its row sees whole
+  //    tiles, no diagonal.)
   const bool short_diagonal =
       n > 1 && n <= 256 && (options.mask.causal_align() != CausalAlign::kNone || options.mask.has_window());
   const int64_t default_q = short_diagonal ? 32 : backward ? 96 : (d > 64 ? 32 : 64);
-  const int64_t default_k = short_diagonal ? 32 : 96;
+  const int64_t default_k = short_diagonal ? 32 : backward ? 96 : 192;
   // With a block-sparse layout, tiles that coincide with its blocks let whole blocks be skipped.
   const auto& layouts = options.mask.block_layouts();
   if (c.block_q == 0) {

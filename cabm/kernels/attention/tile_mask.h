@@ -26,6 +26,24 @@ struct Range {
   int64_t begin, end;
 };
 
+// The forward's key tiles for one query tile: the grid of block_k keys from the first tile that
+// meets the rows' key range, with two cuts. Keys past that range are blocked for every row: the
+// last tile stops there (this changes no bit: their weights are exactly 0). And where `align` is
+// not 0, the tile inside which the keys that every row sees end (a causal diagonal) is cut at the
+// last multiple of `align` keys before that end, so the keys before the cut take the unmasked path
+// and only the diagonal's keys the masked one; the next tile starts at the cut.
+//   for (int64_t j0 = tiles.first(); j0 < tiles.end(); j0 += tiles.width(j0)) ...
+struct KeyTiles {
+  Range keys;  // the rows' key range
+  int64_t block_k, cut;
+  int64_t first() const { return keys.begin / block_k * block_k; }
+  int64_t end() const { return keys.end; }
+  int64_t width(int64_t j0) const {
+    const int64_t nk = std::min(block_k, keys.end - j0);
+    return j0 < cut && cut < j0 + nk ? cut - j0 : nk;
+  }
+};
+
 class TileMask {
  public:
   // resolved_ validates the mask and broadcasts its tensors; block layouts are looked up here.
@@ -58,6 +76,14 @@ class TileMask {
       if (l < h) r = {std::min(r.begin, l), std::max(r.end, h)};
     }
     return r.begin < r.end ? r : Range{0, 0};
+  }
+
+  // The key tiles of query rows [i0, i1) (see KeyTiles). The keys every row sees by the interval
+  // parts are [lo(i1 − 1), hi(b, i0)), both ends being non-decreasing in i (tensor terms and block
+  // layouts may still block some of them, which leaves the cut harmless).
+  KeyTiles key_tiles(int64_t b, Range rows, int64_t block_k, int64_t align) const {
+    const int64_t common_begin = lo(rows.end - 1), common_end = hi(b, rows.begin);
+    return {key_range(b, rows), block_k, align > 0 && common_begin < common_end ? common_end / align * align : 0};
   }
 
   // Query rows that may see some key in [j0, j1) by the interval parts: a superset, by binary search
