@@ -26,14 +26,20 @@ Case random_case(std::mt19937& rng) {
   Case c{Mask(), "", uniform(1, 3), uniform(1, 300), 0};
   c.M = uniform(0, 3) == 0 ? c.N : uniform(1, 300);
   switch (uniform(0, 3)) {
-    case 0: c.mask = Mask::causal(), c.name = "causal"; break;
-    case 1: c.mask = Mask::causal(CausalAlign::kTopLeft), c.name = "causal top-left"; break;
+    case 0:
+      c.mask = Mask::causal(), c.name = "causal";
+      break;
+    case 1:
+      c.mask = Mask::causal(CausalAlign::kTopLeft), c.name = "causal top-left";
+      break;
     case 2: {
       const int64_t left = uniform(0, 80), right = uniform(0, 2) == 0 ? uniform(0, 40) : 0;
-      c.mask = Mask::sliding_window(left, right), c.name = "window " + std::to_string(left) + "/" + std::to_string(right);
+      c.mask = Mask::sliding_window(left, right),
+      c.name = "window " + std::to_string(left) + "/" + std::to_string(right);
       break;
     }
-    default: c.name = "none";
+    default:
+      c.name = "none";
   }
   if (uniform(0, 2) == 0) {
     std::vector<int64_t> lengths;
@@ -52,7 +58,9 @@ TEST(TileMask, KeyRangesTilesAndKindsMatchTheMask) {
     const Case c = random_case(rng);
     SCOPED_TRACE(c.name + " N " + std::to_string(c.N) + " M " + std::to_string(c.M));
     const TileMask tm(c.mask, c.B, 1, c.N, c.M);
-    const auto allows = [&](int64_t b, int64_t i, int64_t j) { return c.mask.structurally_allows(b, 0, i, j, c.N, c.M); };
+    const auto allows = [&](int64_t b, int64_t i, int64_t j) {
+      return c.mask.structurally_allows(b, 0, i, j, c.N, c.M);
+    };
     for (int t = 0; t < 6; ++t) {
       const int64_t b = uniform(0, c.B - 1), i0 = uniform(0, c.N - 1), i1 = uniform(i0 + 1, std::min(c.N, i0 + 70));
       const Range rows{i0, i1};
@@ -101,7 +109,9 @@ TEST(TileMask, KeyRangesTilesAndKindsMatchTheMask) {
               tile_any |= allows(b, i, j);
               tile_all &= allows(b, i, j);
             }
-          EXPECT_EQ(kind, !tile_any ? TileKind::kSkip : tile_all ? TileKind::kFull : TileKind::kPartial)
+          EXPECT_EQ(kind, !tile_any  ? TileKind::kSkip
+                          : tile_all ? TileKind::kFull
+                                     : TileKind::kPartial)
               << "tile [" << keys.begin << ", " << keys.end << ")";
           if (align > 0 && j0 + nk == tiles.cut && nk < std::min(block_k, range.end - j0)) {
             EXPECT_EQ(tiles.cut % align, 0);
