@@ -68,6 +68,10 @@ CABM_AVX512_BF16 void scores_block(const bf16* qp, int64_t dp, const bf16* kbloc
 }
 
 // Calls fn.template operator()<R>() for the row count R = rows (1..MaxRows), a compile-time constant.
+// The lambdas given here carry CABM_AVX512_BF16 themselves: without it they are compiled for the
+// build's baseline, where GCC cannot inline the micro-kernels into them, and a portable build
+// (CABM_NATIVE=OFF) ran the bf16 forward 7% slower than a native one (Zen 4, N 4096, d 64: the
+// called scores_block zeroed a stack copy of its 24 accumulators on every call).
 template <int MaxRows, class Fn>
 CABM_AVX512_BF16 inline void with_rows(int64_t rows, Fn&& fn) {
   if constexpr (MaxRows >= 1) {
@@ -91,8 +95,8 @@ CABM_AVX512_BF16 inline void scores_avx512(const bf16* qp, int64_t ni, const bf1
     const int64_t mr = std::min<int64_t>(kRows, ni - r);
     for (int64_t v = 0; v < nb; v += kBlocks) {
       const int64_t nv = std::min<int64_t>(kBlocks, nb - v);
-      with_rows<kRows>(mr, [&]<int R>() {
-        with_rows<kBlocks>(nv, [&]<int V>() {
+      with_rows<kRows>(mr, [&]<int R>() CABM_AVX512_BF16 {
+        with_rows<kBlocks>(nv, [&]<int V>() CABM_AVX512_BF16 {
           scores_block<R, V>(qp + r * dp, dp, kb + v * block_stride, s + r * lds + v * 16, lds);
         });
       });
@@ -136,8 +140,8 @@ CABM_AVX512_BF16 inline void pv_avx512(const bf16* pt, int64_t ldp, int64_t ni, 
     const int64_t mr = std::min<int64_t>(kRows, ni - r);
     for (int64_t v = 0; v < nvec; v += kCols) {
       const int64_t nv = std::min<int64_t>(kCols, nvec - v);
-      with_rows<kRows>(mr, [&]<int R>() {
-        with_rows<kCols>(nv, [&]<int V>() {
+      with_rows<kRows>(mr, [&]<int R>() CABM_AVX512_BF16 {
+        with_rows<kCols>(nv, [&]<int V>() CABM_AVX512_BF16 {
           pv_block<R, V>(pt + r * ldp, ldp, pair_step, vb + v * 32, dvp, pairs, alpha ? alpha + r : nullptr,
                          o + r * ldo + v * 16, ldo);
         });
@@ -337,8 +341,8 @@ CABM_AVX512_BF16 inline void scores_softmax_avx512(const bf16* qp, int64_t ni, c
     const int64_t mr = std::min<int64_t>(kRows, ni - r);
     const float* mr_mask = mask ? mask + r * lds : nullptr;
     const float* mr_z = z ? z + r * lds : nullptr;
-    with_rows<kRows>(mr, [&]<int R>() {
-      with_rows<kFusedKeyBlocks>(nb, [&]<int V>() {
+    with_rows<kRows>(mr, [&]<int R>() CABM_AVX512_BF16 {
+      with_rows<kFusedKeyBlocks>(nb, [&]<int V>() CABM_AVX512_BF16 {
         auto block = mask ? (z ? scores_softmax_block<R, V, true, true> : scores_softmax_block<R, V, true, false>)
                           : (z ? scores_softmax_block<R, V, false, true> : scores_softmax_block<R, V, false, false>);
         block(qp + r * dp, dp, kb, mr_mask, mr_z, lds, qscale, p + r * ldp, ldp, m + r, l + r, alpha + r);
