@@ -68,9 +68,9 @@ FlashConfig flash_resolved_config(const FlashConfig& config, const AttentionOpti
   //    × 48–192) ran 192 best in 3 of 4 cases (+3–5%, then inside its noise); the Zen 4 (session
   //    24, N 4096, H 8, 2 threads, three interleaved rounds, d 64 and 128, with and without a
   //    causal mask) ran it ahead of 96 in all 24 pairs of measurements, on the avx2 and the avx512
-  //    set alike (+0.2 to +2.6 points of the FMA peak); 384 kept that at d 64 and lost it at d 128.
-  //    The backward stays at 96 × 96. (Not for one query row, KV-cache decoding: its row sees whole
-  //    tiles, no diagonal.)
+  //    set alike (+0.2 to +2.6 points of the FMA peak); 384 did as well but on avx2 at d 128
+  //    (−1.5 to −3.3). The backward stays at 96 × 96. (Not for one query row, KV-cache decoding:
+  //    its row sees whole tiles, no diagonal.)
   const bool short_diagonal =
       n > 1 && n <= 256 && (options.mask.causal_align() != CausalAlign::kNone || options.mask.has_window());
   const int64_t default_q = short_diagonal ? 32 : backward ? 96 : (d > 64 ? 32 : 64);
