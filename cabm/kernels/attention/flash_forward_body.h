@@ -89,9 +89,8 @@ void forward_query_tile(const ForwardArgs& args, ForwardBuffers& buf, int64_t b,
 
   // fp32: no cut at the diagonal (align 0); cut at 6 keys it measured no faster (Zen 4, N 4096,
   // causal, one thread, three rounds, avx2 and avx512 sets: within ±1%, d 128 on avx2 up to 3%
-  // slower). bf16 (these tiles are its avx2_fp32 and avx512_fp32 paths): the 16-key cut of every
-  // other bf16 path (flash_bf16.cpp), so that all of them round P over the same tiles.
-  const KeyTiles tiles = args.mask.key_tiles(b, rows, p.block_k, kRoundsProducts<T> ? 16 : 0);
+  // slower). bf16 (these tiles are its avx2_fp32 and avx512_fp32 paths): the cut of every bf16 path.
+  const KeyTiles tiles = args.mask.key_tiles(b, rows, p.block_k, kRoundsProducts<T> ? kBf16DiagonalCut : 0);
   for (int64_t j0 = tiles.first(); j0 < tiles.end(); j0 += tiles.width(j0)) {
     const int64_t nk = tiles.width(j0);
     const Range keys{j0, j0 + nk};

@@ -44,6 +44,10 @@ struct KeyTiles {
   }
 };
 
+// Where every bf16 forward path cuts (flash_bf16.cpp's loop and the fp32 SIMD tiles running bf16):
+// one alignment for all, so that they round P over the same tiles; 16 keys, the packed K blocks.
+inline constexpr int64_t kBf16DiagonalCut = 16;
+
 class TileMask {
  public:
   // resolved_ validates the mask and broadcasts its tensors; block layouts are looked up here.
