@@ -234,9 +234,10 @@ void begin_query_head(const Args& args, Buffers& buf, int64_t b, int64_t h, int6
 }
 
 // From S and dP of a tile (ni rows, nk keys; lanes past nk are padding): P = exp2(min(S·qscale +
-// mask − lse2, 0)) in fp32 (the forward's weights: exp2_weights), dS = bf16(P·(dP·z − D)) into ds rows and ds_pairs,
-// bf16(P·z) into pz_pairs (pairs of rows [ni_in/2][nk16][2]). Padding keys (to nk_in in ds), padding rows (to ni_in in
-// the pairs, to the row padding in ds) get zeros: the products read them.
+// mask − lse2, 0)) in fp32 (the forward's weights: exp2_weights), dS = bf16(P·(dP·z − D)) into ds
+// rows and ds_pairs, bf16(P·z) into pz_pairs (pairs of rows [ni_in/2][nk16][2]). Padding keys (to
+// nk_in in ds), padding rows (to ni_in in the pairs, to the row padding in ds) get zeros: the
+// products read them.
 CABM_AVX512_BF16 void tile_gradients(const Problem& p, Buffers& buf, int64_t ni, int64_t nk, const float* lse2,
                                      const float* delta, bool masked) {
   const int64_t lds = buf.lds, ldds = buf.ldds, nk16 = round_up(nk, kBlock), nk_in = round_up(nk, p.inner);
