@@ -237,47 +237,66 @@ CABM_AVX512_BF16 inline void finish_row(float m_new, __m512 vsum, float& m, floa
   m = m_new;
 }
 
+// The lanes' maximum of x over one row of nk16 scores (mrow: the row's mask, or null), in four
+// chains (exact, so in any order): with one, the pass waited on vmaxps's latency.
+CABM_AVX512_BF16 inline __m512 row_max_lanes(const float* x, const float* mrow, int64_t nk16, __m512 qs, bool raw) {
+  const auto mask16 = [&](int64_t c) { return mrow ? mrow + c : nullptr; };
+  __m512 vmax[4];
+  for (__m512& v : vmax) v = _mm512_set1_ps(-INFINITY);
+  int64_t c = 0;
+  for (; c + 64 <= nk16; c += 64)
+    for (int u = 0; u < 4; ++u)
+      vmax[u] = _mm512_max_ps(vmax[u], max_operand(_mm512_loadu_ps(x + c + 16 * u), mask16(c + 16 * u), qs, raw));
+  for (; c < nk16; c += 16) vmax[0] = _mm512_max_ps(vmax[0], max_operand(_mm512_loadu_ps(x + c), mask16(c), qs, raw));
+  return _mm512_max_ps(_mm512_max_ps(vmax[0], vmax[1]), _mm512_max_ps(vmax[2], vmax[3]));
+}
+
 // The row pass of the online softmax over one tile: m' = max(m, max x) (x = s·qscale + mask),
 // P = exp2(x − m') summed into l = α·l + Σ P (α = exp2(m − m')), then P·z with dropout (z: the
 // tile's dropout factors, or null) and P rounded to bf16 into p [0, nk16). P is never subnormal
 // (exp2_weights, z >= 1), so vcvtneps2bf16 rounds it exactly as float_to_bf16 does.
 // The FMAs are explicit here and in scores_softmax_block (and the AMX softmax): written as
 // a·b + c, GCC contracts them or not depending on the inlined code around them, and the fused
-// and separate passes could round differently. Row after row: running four rows' phases
-// together, as scores_softmax_block does, made this pass 13-39% slower per 128-key tile on Zen 5
-// (its rows come from memory, not registers). x is not stored between the passes but read again,
-// and the maximum runs in four chains (exact, so in any order): with one chain and a store, the
-// first pass waited on vmaxps's latency. Since the 768-key default tiles (flash_bf16.cpp) this
-// pass runs every long unmasked forward: on the Zen 4 (N 4096, d 64, H 8, 2 threads) the whole
-// forward went from 99.8–100.5 to 95.1–95.7 ms. The raw maximum, the one-FMA exponent and the
-// degree-4 exponential then took a 32 × 768 tile's pass from 5.8 to 4.95 µs on one Zen 4 core
-// (7.0 to 6.2 with a mask): 16 to 12 vector operations per 16 weights without a mask.
+// and separate passes could round differently. x is not stored between the max and the weights
+// but read again. Row after row, with the next row's maximum taken inside this row's loop of
+// weights: its loads and vmaxps take the pipes the exponentials leave idle, and the next row's
+// weights no longer wait for a separate pass over it (one Zen 4 core, 64 × 768 tile at d 64, no
+// mask: 9.2 → 7.8 µs; 64 × 128: 2.1 → 2.0). Running several rows' phases together, as
+// scores_softmax_block does, made this pass 13-39% slower per 128-key tile on Zen 5 (its rows
+// come from memory, not registers). The raw maximum, the one-FMA exponent and the degree-4
+// exponential took a 32 × 768 tile's pass from 5.8 to 4.95 µs on one Zen 4 core (7.0 to 6.2 with
+// a mask): 16 to 12 vector operations per 16 weights without a mask.
 CABM_AVX512_BF16 inline void softmax_rows_avx512(const float* s, int64_t lds, int64_t ni, int64_t nk16,
                                                  const float* mask, const float* z, float qscale, bf16* p, int64_t ldp,
                                                  float* m, float* l, float* alpha) {
+  if (ni <= 0) return;
   const __m512 qs = _mm512_set1_ps(qscale);
   const bool raw = raw_row_max(mask, qscale);
+  const auto mask_row = [&](int64_t r) { return mask ? mask + r * lds : nullptr; };
+  __m512 lanes_max = row_max_lanes(s, mask_row(0), nk16, qs, raw);
   for (int64_t r = 0; r < ni; ++r) {
     const float* x = s + r * lds;
-    const float* mrow = mask ? mask + r * lds : nullptr;
-    const auto mask16 = [&](int64_t c) { return mrow ? mrow + c : nullptr; };
-    __m512 vmax[4];
-    for (__m512& v : vmax) v = _mm512_set1_ps(-INFINITY);
-    int64_t c = 0;
-    for (; c + 64 <= nk16; c += 64)
-      for (int u = 0; u < 4; ++u)
-        vmax[u] = _mm512_max_ps(vmax[u], max_operand(_mm512_loadu_ps(x + c + 16 * u), mask16(c + 16 * u), qs, raw));
-    for (; c < nk16; c += 16) vmax[0] = _mm512_max_ps(vmax[0], max_operand(_mm512_loadu_ps(x + c), mask16(c), qs, raw));
-    const __m512 all = _mm512_max_ps(_mm512_max_ps(vmax[0], vmax[1]), _mm512_max_ps(vmax[2], vmax[3]));
-    const float m_new = std::max(m[r], row_max(all, qscale, raw));
+    const float* mrow = mask_row(r);
+    const float m_new = std::max(m[r], row_max(lanes_max, qscale, raw));
     const __m512 mv = _mm512_set1_ps(m_new);
     __m512 vsum = _mm512_setzero_ps();
     bf16* prow = p + r * ldp;
-    for (c = 0; c < nk16; c += 16) {
-      __m512 e = exp2_weights(exponent(_mm512_loadu_ps(x + c), mask16(c), qs, mv));
+    const auto weights = [&](int64_t c) CABM_AVX512_BF16 {
+      __m512 e = exp2_weights(exponent(_mm512_loadu_ps(x + c), mrow ? mrow + c : nullptr, qs, mv));
       vsum = _mm512_add_ps(vsum, e);
       if (z) e = _mm512_mul_ps(e, _mm512_loadu_ps(z + r * lds + c));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(prow + c), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
+    };
+    if (r + 1 < ni) {
+      const float *xn = x + lds, *mn = mask_row(r + 1);
+      __m512 next = _mm512_set1_ps(-INFINITY);
+      for (int64_t c = 0; c < nk16; c += 16) {
+        weights(c);
+        next = _mm512_max_ps(next, max_operand(_mm512_loadu_ps(xn + c), mn ? mn + c : nullptr, qs, raw));
+      }
+      lanes_max = next;
+    } else {
+      for (int64_t c = 0; c < nk16; c += 16) weights(c);
     }
     finish_row(m_new, vsum, m[r], l[r], alpha[r]);
   }

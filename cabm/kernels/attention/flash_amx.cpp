@@ -40,21 +40,10 @@ namespace {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
-// One row of the online softmax over nk16 scores: the avx512_bf16 path's row pass
-// (softmax_rows_avx512 of attention/bf16_avx512.h, the same operations in the same order; its
-// target features are a subset of CABM_AMX's, so it inlines here) on one row, then zeros for P's
-// keys [nk16, nk32), which P·V's 32-key steps read. That pass keeps four maximum chains and
-// computes x twice instead of storing it: on the Xeon of flash_bf16.cpp's forward_tiles, one
-// 32 × 768 tile at d 64 spent 7.5 µs outside its two products against 9.2 with one chain and a
-// store.
-CABM_AMX void softmax_row(const float* s, const float* mrow, const float* z, int64_t nk16, int64_t nk32, float qscale,
-                          bf16* prow, float& m, float& l, float& alpha) {
-  softmax_rows_avx512(s, 0, 1, nk16, mrow, z, qscale, prow, 0, &m, &l, &alpha);
-  if (nk32 > nk16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(prow + nk16), _mm256_setzero_si256());
-}
-
-// softmax_row for nk16 = 16·NV with the rows in registers (no store and reload of x), R rows at a
-// time so that one row's reductions overlap the other's exponentials. Row strides: lds.
+// The row pass of the online softmax (softmax_rows_avx512 of attention/bf16_avx512.h, the same
+// operations in the same order) for a tile of nk16 = 16·NV <= 128 keys with the rows in registers
+// (no store and reload of x), R rows at a time so that one row's reductions overlap the other's
+// exponentials; then zeros for P's keys [nk16, nk32), which P·V's 32-key steps read. Row strides: lds.
 template <int NV, int R>
 CABM_AMX void softmax_rows_nv(const float* x, const float* mrow, const float* z, int64_t lds, int64_t nk32,
                               float qscale, bf16* prow, float* m, float* l, float* alpha) {
@@ -91,6 +80,7 @@ CABM_AMX void softmax_row_nv(const float* x, const float* mrow, const float* z, 
   softmax_rows_nv<NV, 1>(x, mrow, z, 0, nk32, qscale, prow, &m, &l, &alpha);
 }
 
+// One row, nk16 <= 128.
 CABM_AMX void softmax_row_any(const float* x, const float* mrow, const float* z, int64_t nk16, int64_t nk32,
                               float qscale, bf16* prow, float& m, float& l, float& alpha) {
   switch (nk16 / 16) {
@@ -108,10 +98,8 @@ CABM_AMX void softmax_row_any(const float* x, const float* mrow, const float* z,
       return softmax_row_nv<6>(x, mrow, z, nk32, qscale, prow, m, l, alpha);
     case 7:
       return softmax_row_nv<7>(x, mrow, z, nk32, qscale, prow, m, l, alpha);
-    case 8:
-      return softmax_row_nv<8>(x, mrow, z, nk32, qscale, prow, m, l, alpha);
     default:
-      return softmax_row(x, mrow, z, nk16, nk32, qscale, prow, m, l, alpha);
+      return softmax_row_nv<8>(x, mrow, z, nk32, qscale, prow, m, l, alpha);
   }
 }
 
@@ -143,27 +131,35 @@ CABM_AMX void scale_row(float* o, int64_t n, float a) {
   for (int64_t c = 0; c < n; c += 16) _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), av));
 }
 
-// One key tile (attention/flash_amx.h): S = Q·Kᵀ on tiles, the variant pass, the row pass two rows
-// at a time while a tile fits in registers, O = α ∘ O, then O += P·V on tiles.
+// One key tile (attention/flash_amx.h): S = Q·Kᵀ on tiles, the variant pass, the row pass (two rows
+// at a time while a tile fits in registers), O = α ∘ O, then O += P·V on tiles.
 template <class Tiles>
 CABM_AMX void forward_tile(const AmxForwardTile& t) {
   const int64_t rows16 = (t.ni + 15) / 16 * 16, nk16 = (t.nk + 15) / 16 * 16, nk32 = (t.nk + 31) / 32 * 32;
   // S = Q·Kᵀ: K in 16-key blocks of head-dim pairs, one block after another.
   tile_gemm<Tiles>(rows16, nk16, t.dp, t.q, t.dp, {t.k, 32, 16 * t.dp}, t.s, t.lds, false);
   if (t.variants) variant_scores_avx512(*t.variants, t.h, t.i0, t.ni, t.kpos, nk16, t.s, t.lds);
-  const int rows_at_once = nk16 <= 128 ? 2 : 1;
-  for (int64_t r = 0; r < t.ni; r += rows_at_once) {
-    const int64_t nr = std::min<int64_t>(rows_at_once, t.ni - r);
-    const float* mrow = t.mask ? t.mask + r * t.lds : nullptr;
-    const float* z = t.z ? t.z + r * t.lds : nullptr;
-    if (nr == 2)
-      softmax_two_rows(t.s + r * t.lds, mrow, z, t.lds, nk16, nk32, t.qscale, t.p + r * t.lds, t.m + r, t.l + r,
-                       t.alpha + r);
-    else
-      softmax_row_any(t.s + r * t.lds, mrow, z, nk16, nk32, t.qscale, t.p + r * t.lds, t.m[r], t.l[r], t.alpha[r]);
-    for (int64_t u = r; u < r + nr; ++u)
-      if (t.alpha[u] != 1.0f) scale_row(t.o + u * t.dvp, t.dvp, t.alpha[u]);
+  if (nk16 <= 128) {
+    for (int64_t r = 0; r < t.ni; r += 2) {
+      const int64_t nr = std::min<int64_t>(2, t.ni - r);
+      const float* mrow = t.mask ? t.mask + r * t.lds : nullptr;
+      const float* z = t.z ? t.z + r * t.lds : nullptr;
+      if (nr == 2)
+        softmax_two_rows(t.s + r * t.lds, mrow, z, t.lds, nk16, nk32, t.qscale, t.p + r * t.lds, t.m + r, t.l + r,
+                         t.alpha + r);
+      else
+        softmax_row_any(t.s + r * t.lds, mrow, z, nk16, nk32, t.qscale, t.p + r * t.lds, t.m[r], t.l[r], t.alpha[r]);
+    }
+  } else {
+    // All rows in one call: each row's maximum is taken during the previous row's weights. P's
+    // keys [nk16, nk32) then get zeros.
+    softmax_rows_avx512(t.s, t.lds, t.ni, nk16, t.mask, t.z, t.qscale, t.p, t.lds, t.m, t.l, t.alpha);
+    if (nk32 > nk16)
+      for (int64_t r = 0; r < t.ni; ++r)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(t.p + r * t.lds + nk16), _mm256_setzero_si256());
   }
+  for (int64_t r = 0; r < t.ni; ++r)
+    if (t.alpha[r] != 1.0f) scale_row(t.o + r * t.dvp, t.dvp, t.alpha[r]);
   // O += P·V over 32 keys at a time: V as pairs of keys [.][dvp][2].
   tile_gemm<Tiles>(rows16, t.dvp, nk32, t.p, t.lds, {t.v, 2 * t.dvp, 32}, t.o, t.dvp, true);
 }
