@@ -12,6 +12,7 @@
 
 #include "cabm/kernels/attention/bf16_packing.h"
 #include "cabm/kernels/exp2_poly.h"
+#include "cabm/kernels/unroll.h"
 
 #include <algorithm>
 #include <cmath>
@@ -45,14 +46,20 @@ CABM_AVX512_BF16 inline __m512i broadcast_pair(const bf16* p) {
 // first, then one K vector at a time: MR·NV accumulators + MR broadcasts + 1 load live at once.
 template <int MR, int NV>
 CABM_AVX512_BF16 inline void scores_accumulate(const bf16* qp, int64_t dp, const bf16* kblock, __m512 (&acc)[MR][NV]) {
-  for (int r = 0; r < MR; ++r)
+  CABM_UNROLL
+  for (int r = 0; r < MR; ++r) {
+    CABM_UNROLL
     for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
   const int64_t pairs = dp / 2, block_stride = pairs * kPackedKeyBlock * 2;
   for (int64_t c = 0; c < pairs; ++c) {
     __m512i a[MR];
+    CABM_UNROLL
     for (int r = 0; r < MR; ++r) a[r] = broadcast_pair(qp + r * dp + 2 * c);
+    CABM_UNROLL
     for (int v = 0; v < NV; ++v) {
       const __m512i b = _mm512_loadu_si512(kblock + v * block_stride + c * kPackedKeyBlock * 2);
+      CABM_UNROLL
       for (int r = 0; r < MR; ++r) acc[r][v] = dot2(acc[r][v], a[r], b);
     }
   }
@@ -63,8 +70,11 @@ template <int MR, int NV>
 CABM_AVX512_BF16 void scores_block(const bf16* qp, int64_t dp, const bf16* kblock, float* s, int64_t lds) {
   __m512 acc[MR][NV];
   scores_accumulate(qp, dp, kblock, acc);
-  for (int r = 0; r < MR; ++r)
+  CABM_UNROLL
+  for (int r = 0; r < MR; ++r) {
+    CABM_UNROLL
     for (int v = 0; v < NV; ++v) _mm512_storeu_ps(s + r * lds + v * 16, acc[r][v]);
+  }
 }
 
 // Calls fn.template operator()<R>() for the row count R = rows (1..MaxRows), a compile-time constant.
@@ -110,21 +120,30 @@ template <int MR, int NV>
 CABM_AVX512_BF16 void pv_block(const bf16* pt, int64_t ldp, int64_t pair_step, const bf16* vcols, int64_t dvp,
                                int64_t pairs, const float* alpha, float* o, int64_t ldo) {
   __m512 acc[MR][NV];
-  for (int r = 0; r < MR; ++r)
+  CABM_UNROLL
+  for (int r = 0; r < MR; ++r) {
+    CABM_UNROLL
     for (int v = 0; v < NV; ++v) {
       acc[r][v] = _mm512_loadu_ps(o + r * ldo + v * 16);
       if (alpha) acc[r][v] = _mm512_mul_ps(acc[r][v], _mm512_set1_ps(alpha[r]));
     }
+  }
   for (int64_t t = 0; t < pairs; ++t) {
     __m512i b[NV];
+    CABM_UNROLL
     for (int v = 0; v < NV; ++v) b[v] = _mm512_loadu_si512(vcols + t * dvp * 2 + v * 32);
+    CABM_UNROLL
     for (int r = 0; r < MR; ++r) {
       const __m512i a = broadcast_pair(pt + r * ldp + t * pair_step);
+      CABM_UNROLL
       for (int v = 0; v < NV; ++v) acc[r][v] = dot2(acc[r][v], a, b[v]);
     }
   }
-  for (int r = 0; r < MR; ++r)
+  CABM_UNROLL
+  for (int r = 0; r < MR; ++r) {
+    CABM_UNROLL
     for (int v = 0; v < NV; ++v) _mm512_storeu_ps(o + r * ldo + v * 16, acc[r][v]);
+  }
 }
 
 // O = alpha ∘ O + P·V over the key pairs [j0, j0 + nk2) (O += P·V where alpha is null): 6 rows ×
@@ -321,8 +340,10 @@ CABM_AVX512_BF16 void scores_softmax_block(const bf16* qp, int64_t dp, const bf1
   // reduction latency was exposed). The operations on each element and their order within a
   // row are softmax_rows_avx512's (with a mask, x replaces the scores in acc: same bits).
   float m_new[MR];
+  CABM_UNROLL
   for (int r = 0; r < MR; ++r) {
     __m512 vmax = _mm512_set1_ps(-INFINITY);
+    CABM_UNROLL
     for (int v = 0; v < NV; ++v) {
       if constexpr (kMask) {
         acc[r][v] = _mm512_fmadd_ps(acc[r][v], qs, _mm512_loadu_ps(mask + r * lds + v * 16));
@@ -334,9 +355,11 @@ CABM_AVX512_BF16 void scores_softmax_block(const bf16* qp, int64_t dp, const bf1
     m_new[r] = std::max(m[r], row_max(vmax, qscale, raw));
   }
   __m512 vsum[MR];
+  CABM_UNROLL
   for (int r = 0; r < MR; ++r) {
     const __m512 mv = _mm512_set1_ps(m_new[r]);
     vsum[r] = _mm512_setzero_ps();
+    CABM_UNROLL
     for (int v = 0; v < NV; ++v) {
       __m512 e = exp2_weights(kMask ? _mm512_sub_ps(acc[r][v], mv) : exponent(acc[r][v], nullptr, qs, mv));
       vsum[r] = _mm512_add_ps(vsum[r], e);
@@ -345,6 +368,7 @@ CABM_AVX512_BF16 void scores_softmax_block(const bf16* qp, int64_t dp, const bf1
                           reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
     }
   }
+  CABM_UNROLL
   for (int r = 0; r < MR; ++r) finish_row(m_new[r], vsum[r], m[r], l[r], alpha[r]);
 }
 

@@ -10,6 +10,7 @@
 // outside the region (its inline functions and templates compiled for the build's own flags; only
 // the code below is compiled for the set). Everything here has internal linkage but run_item.
 #include "cabm/kernels/simd.h"
+#include "cabm/kernels/unroll.h"
 
 namespace cabm::CABM_DECODE_VARIANT {
 namespace {
@@ -50,24 +51,36 @@ template <int kRows, typename T>
 void score_tile(const float* qs, int64_t d, const T* k, int64_t ks, float* s) {
   constexpr int kKeys = simd::kWidth / kRows;
   simd::Vec acc[simd::kWidth];
-  for (simd::Vec& a : acc) a = simd::zero();
+  CABM_UNROLL
+  for (int i = 0; i < simd::kWidth; ++i) acc[i] = simd::zero();
   const int64_t wide = d / simd::kWidth * simd::kWidth;
   for (int64_t c = 0; c < wide; c += simd::kWidth) {
     simd::Vec qv[kRows];
+    CABM_UNROLL
     for (int r = 0; r < kRows; ++r) qv[r] = simd::load(qs + r * d + c);
+    CABM_UNROLL
     for (int j = 0; j < kKeys; ++j) {
       const simd::Vec kv = load_elems(k + j * ks + c);
+      CABM_UNROLL
       for (int r = 0; r < kRows; ++r) acc[r * kKeys + j] = simd::fma(qv[r], kv, acc[r * kKeys + j]);
     }
   }
+  // sum_each takes an array by reference: a copy keeps acc's address untaken, so that it can
+  // become registers (see kernels/unroll.h).
+  simd::Vec sums[simd::kWidth];
+  CABM_UNROLL
+  for (int i = 0; i < simd::kWidth; ++i) sums[i] = acc[i];
   float dots[simd::kWidth];
-  simd::store(dots, simd::sum_each(acc));
-  for (int r = 0; r < kRows; ++r)
+  simd::store(dots, simd::sum_each(sums));
+  CABM_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    CABM_UNROLL
     for (int j = 0; j < kKeys; ++j) {
       float dot = dots[r * kKeys + j];
       for (int64_t c = wide; c < d; ++c) dot += qs[r * d + c] * elem(k[j * ks + c]);
       s[r * kDecodeBlock + j] = dot;
     }
+  }
 }
 
 // One dot product, for the keys left over at the end of a block.
@@ -149,19 +162,28 @@ void accumulate_pv(const float* p, int64_t p_ld, const T* v, int64_t vs, int64_t
                    int64_t c0) {
   constexpr int kCols = 4;
   simd::Vec a[kRows][kCols];
-  for (int r = 0; r < kRows; ++r)
+  CABM_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    CABM_UNROLL
     for (int c = 0; c < kCols; ++c) a[r][c] = simd::load(acc + r * acc_ld + c0 + c * simd::kWidth);
+  }
   for (int64_t j = 0; j < n; ++j) {
     const T* vj = v + j * vs + c0;
     simd::Vec vv[kCols];
+    CABM_UNROLL
     for (int c = 0; c < kCols; ++c) vv[c] = load_elems(vj + c * simd::kWidth);
+    CABM_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const simd::Vec pr = simd::broadcast(p + r * p_ld + j);
+      CABM_UNROLL
       for (int c = 0; c < kCols; ++c) a[r][c] = simd::fma(pr, vv[c], a[r][c]);
     }
   }
-  for (int r = 0; r < kRows; ++r)
+  CABM_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    CABM_UNROLL
     for (int c = 0; c < kCols; ++c) simd::store(acc + r * acc_ld + c0 + c * simd::kWidth, a[r][c]);
+  }
 }
 
 class DecodeItem {
