@@ -4,6 +4,7 @@
 #pragma once
 
 #include "cabm/kernels/simd.h"
+#include "cabm/kernels/unroll.h"
 
 #include <algorithm>
 #include <array>
@@ -71,9 +72,9 @@ struct TileRef {  // C[r][l] = data[r · ld + l]
 template <int MR, int NV, Accum kMode>
 void block_kernel(int64_t K, ScalarOperand a, VectorOperand b, TileRef c, float* lanes) {
   Vec acc[MR][NV];
-#pragma GCC unroll 16
+  CABM_UNROLL
   for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 16
+    CABM_UNROLL
     for (int v = 0; v < NV; ++v) {
       if constexpr (kMode == Accum::kOverwrite || kMode == Accum::kOverwriteMax) {
         acc[r][v] = simd::zero();
@@ -87,28 +88,28 @@ void block_kernel(int64_t K, ScalarOperand a, VectorOperand b, TileRef c, float*
   const float* bp = b.data;
   for (int64_t k = 0; k < K; ++k, ap += a.k_stride, bp += b.ld) {
     Vec bv[NV];
-#pragma GCC unroll 16
+    CABM_UNROLL
     for (int v = 0; v < NV; ++v) {
       bv[v] = simd::load(bp + v * kWidth);
       keep_in_register(bv[v]);
     }
-#pragma GCC unroll 16
+    CABM_UNROLL
     for (int r = 0; r < MR; ++r) {
       const Vec ar = simd::broadcast(ap + r * a.row_stride);
-#pragma GCC unroll 16
+      CABM_UNROLL
       for (int v = 0; v < NV; ++v) acc[r][v] = simd::fma(ar, bv[v], acc[r][v]);
     }
   }
-#pragma GCC unroll 16
+  CABM_UNROLL
   for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 16
+    CABM_UNROLL
     for (int v = 0; v < NV; ++v) simd::store(c.data + r * c.ld + v * kWidth, acc[r][v]);
   }
   if constexpr (kMode == Accum::kOverwriteMax) {
-#pragma GCC unroll 16
+    CABM_UNROLL
     for (int v = 0; v < NV; ++v) {
       Vec m = simd::load(lanes + v * kWidth);
-#pragma GCC unroll 16
+      CABM_UNROLL
       for (int r = 0; r < MR; ++r) m = simd::max(m, acc[r][v]);
       simd::store(lanes + v * kWidth, m);
     }
