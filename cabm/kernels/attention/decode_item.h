@@ -7,8 +7,8 @@
 
 #include "cabm/core/dtype.h"
 #include "cabm/core/tensor.h"
-#include "cabm/kernels/attention/reference.h"
 #include "cabm/kernels/attention/mask.h"
+#include "cabm/kernels/attention/reference.h"
 
 #include <algorithm>
 #include <cmath>
@@ -37,6 +37,7 @@ struct DecodeWork {
   const AttentionOptions& options;
   DecodeShape s;
   float scale;
+  bool prefetch;  // ask for the next block's rows while a block computes (attention/decode.cpp)
 };
 
 // The partial softmax state of one work item: per row m, l and acc [dv].
