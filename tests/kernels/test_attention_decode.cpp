@@ -5,6 +5,7 @@
 // bit-identical across thread counts and chunkings that keep the same chunk size.
 #include "cabm/kernels/attention/attention.h"
 #include "cabm/kernels/attention/decode.h"
+#include "cabm/kernels/attention/decode_item.h"
 #include "cabm/kernels/simd.h"
 #include "cabm/kernels/bf16.h"
 #include "cabm/kernels/cpu_isa.h"
@@ -151,6 +152,44 @@ void check_case(const OptionCase& oc, const Case& c) {
 
 INSTANTIATE_TEST_SUITE_P(All, Decode, ::testing::Range<size_t>(0, option_cases().size()),
                          [](const auto& info) { return option_cases()[info.param].name; });
+
+// The prefetch of the next block's rows (taken for big caches only) changes no bit, on every set,
+// for F32 and BF16 caches, strided views, masks that end a batch item's keys early, and caches
+// whose last block is short.
+TEST(Decode, PrefetchChangesNoBits) {
+  struct Restore {
+    ~Restore() { set_decode_prefetch(-1); }
+  } restore;
+  const Case c{2, 2, 1000, 8, 2, 64, 48};
+  for (SimdIsa isa : runnable_isas("decode")) {
+    const ScopedSimdIsa pin(isa);
+    for (const OptionCase& oc : option_cases()) {
+      if (oc.name != "causal" && oc.name != "padding" && oc.name != "window") continue;
+      for (const bool bf16_cache : {false, true}) {
+        SCOPED_TRACE(std::string(attention_decode_isa()) + " " + oc.name + (bf16_cache ? " bf16" : " f32"));
+        const AttentionOptions o = oc.make(c);
+        // K and V as views into wider rows, so that the rows prefetched are strided.
+        const Tensor kw = test::random_tensor({c.B, c.M, c.Hkv, c.d + 8}, 12, -1.5f, 1.5f);
+        const Tensor vw = test::random_tensor({c.B, c.M, c.Hkv, c.dv + 8}, 13);
+        Tensor q = test::random_tensor({c.B, c.N, c.H, c.d}, 11, -1.5f, 1.5f);
+        Tensor k = kw.narrow(3, 0, c.d), v = vw.narrow(3, 0, c.dv);
+        if (bf16_cache) q = rounded_to_bf16(q), k = rounded_to_bf16(k), v = rounded_to_bf16(v);
+        const auto wide = [&](const Tensor& t) { return bf16_cache ? widened_to_f32(t) : t; };
+        Tensor want = Tensor::empty({c.B, c.N, c.H, c.dv});
+        attention_reference_forward(wide(q), wide(k), wide(v), o, want, nullptr, nullptr);
+        std::vector<float> runs[2];
+        for (int mode : {0, 1}) {
+          set_decode_prefetch(mode);
+          Tensor out = Tensor::empty(want.shape());
+          attention_decode_forward(q, k, v, o, out, nullptr, 96);  // chunks of 1.5 blocks
+          runs[mode] = out.to_vector();
+          if (mode == 1) expect_close(out, want, 2e-5, "out with the prefetch");
+        }
+        EXPECT_EQ(runs[0], runs[1]);
+      }
+    }
+  }
+}
 
 // The decode kernel's two vector primitives: lane l of sum_each is the sum of input l (any lane
 // order inside is fine, the mapping is not), and load_bf16 widens exactly.

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -43,7 +44,11 @@ int64_t l2_bytes() {
 // near already and the prefetches only cost. Zen 4 (1 MiB L2, 32 MiB L3), with them at every size:
 // 8 MiB (M 1,024, d 128, fp32) 15% slower; 16 MiB within noise; 32 MiB and more up to 1.8× faster
 // (bf16, d 64). (The OS's L3 size is no guide: this VM reports 320 MiB.)
+std::atomic<int> g_prefetch_override{-1};  // set_decode_prefetch
+
 bool prefetch_rows(const DecodeShape& s, DType dtype) {
+  const int forced = g_prefetch_override.load(std::memory_order_relaxed);
+  if (forced >= 0) return forced == 1;
   return s.B * s.M * s.Hkv * (s.d + s.dv) * static_cast<int64_t>(dtype_size(dtype)) > 16 * l2_bytes();
 }
 
@@ -62,6 +67,11 @@ RunItem run_item_for(SimdIsa isa) {
 }
 
 }  // namespace
+
+void set_decode_prefetch(int mode) {
+  CABM_CHECK(mode >= -1 && mode <= 1, "set_decode_prefetch: mode {} is not -1, 0 or 1", mode);
+  g_prefetch_override.store(mode, std::memory_order_relaxed);
+}
 
 const char* attention_decode_isa() {
   return simd_isa_name(simd_isa());

@@ -47,6 +47,10 @@ struct DecodePartial {
   float* acc;
 };
 
+// A test hook: the work items prefetch the next block's rows always (1), never (0), or when the
+// cache is big (-1, the default; attention/decode.cpp). Results are the same bits either way.
+void set_decode_prefetch(int mode);
+
 // The keys query row i may see, from the structural parts of the mask: [begin, end).
 struct KeyRange {
   int64_t begin, end;
