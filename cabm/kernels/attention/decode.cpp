@@ -41,9 +41,11 @@ int64_t l2_bytes() {
 
 // The work items prefetch the next block's rows (attention/decode_body.h) when the call's K and V
 // are more than 16 L2 caches' worth, so that they stream from L3 or memory. Below, the rows are
-// near already and the prefetches only cost. Zen 4 (1 MiB L2, 32 MiB L3), with them at every size:
-// 8 MiB (M 1,024, d 128, fp32) 15% slower; 16 MiB within noise; 32 MiB and more up to 1.8× faster
-// (bf16, d 64). (The OS's L3 size is no guide: this VM reports 320 MiB.)
+// near already and the prefetches only cost. Zen 4 (1 MiB L2, 32 MiB L3), `cabm bench decode`
+// with them at every size: 8 MiB (M 1,024, d 128, fp32) 15% slower; 16 MiB within noise; 32 MiB
+// and more: bf16 caches 1.5–1.8× faster at d 64, 1.1× at d 128, fp32 1.0–1.15×. Prefetching all
+// heads' rows at the start of a block gained half as much, into L1 lost 10–40%. (The OS's L3 size
+// is no guide: this VM reports 320 MiB.)
 std::atomic<int> g_prefetch_override{-1};  // set_decode_prefetch
 
 bool prefetch_rows(const DecodeShape& s, DType dtype) {

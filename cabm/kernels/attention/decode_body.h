@@ -245,11 +245,9 @@ class DecodeItem {
   }
 
   // Asks for n rows (ks apart, width elements each) of the next block, into L2, while this one
-  // computes (for caches too big for the near caches, DecodeWork::prefetch): a head's rows are short (128 bytes for
-  // bf16 at d 64) and a cache's rows for all heads interleave, which the hardware prefetchers followed poorly. Zen 4,
-  // `cabm bench decode`, one head's next rows before each head of a block: bf16 caches at d 64 1.5–1.8× faster (M
-  // 65,536), d 128 1.1×, fp32 within ±15%; all heads' rows at the start of a block gained half as
-  // much, and the same prefetch into L1 lost 10–40%.
+  // computes (DecodeWork::prefetch: for caches too big for the near caches; measured in
+  // attention/decode.cpp). A head's rows are short (128 bytes for bf16 at d 64) and interleave
+  // with the other heads' rows, which the hardware prefetchers follow poorly.
   template <typename T>
   static void prefetch_rows(const T* base, int64_t n, int64_t ks, int64_t width) {
     const int64_t bytes = width * static_cast<int64_t>(sizeof(T));

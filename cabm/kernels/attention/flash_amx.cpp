@@ -41,9 +41,10 @@ namespace {
 #endif
 
 // The row pass of the online softmax (softmax_rows_avx512 of attention/bf16_avx512.h, the same
-// operations in the same order) for a tile of nk16 = 16·NV <= 128 keys with the rows in registers
-// (no store and reload of x), R rows at a time so that one row's reductions overlap the other's
-// exponentials; then zeros for P's keys [nk16, nk32), which P·V's 32-key steps read. Row strides: lds.
+// operations in the same order) for a tile of nk16 = 16·NV <= 128 keys with the rows in
+// registers (no store and reload of x), R rows at a time so that one row's reductions overlap the
+// other's exponentials; then zeros for P's keys [nk16, nk32), which P·V's 32-key steps read. Row
+// strides: lds.
 template <int NV, int R>
 CABM_AMX void softmax_rows_nv(const float* x, const float* mrow, const float* z, int64_t lds, int64_t nk32,
                               float qscale, bf16* prow, float* m, float* l, float* alpha) {
