@@ -169,11 +169,11 @@ TEST(Decode, PrefetchChangesNoBits) {
         SCOPED_TRACE(std::string(attention_decode_isa()) + " " + oc.name + (bf16_cache ? " bf16" : " f32"));
         const AttentionOptions o = oc.make(c);
         // K and V as views into wider rows, so that the rows prefetched are strided.
-        const Tensor kw = test::random_tensor({c.B, c.M, c.Hkv, c.d + 8}, 12, -1.5f, 1.5f);
-        const Tensor vw = test::random_tensor({c.B, c.M, c.Hkv, c.dv + 8}, 13);
+        Tensor kw = test::random_tensor({c.B, c.M, c.Hkv, c.d + 8}, 12, -1.5f, 1.5f);
+        Tensor vw = test::random_tensor({c.B, c.M, c.Hkv, c.dv + 8}, 13);
         Tensor q = test::random_tensor({c.B, c.N, c.H, c.d}, 11, -1.5f, 1.5f);
-        Tensor k = kw.narrow(3, 0, c.d), v = vw.narrow(3, 0, c.dv);
-        if (bf16_cache) q = rounded_to_bf16(q), k = rounded_to_bf16(k), v = rounded_to_bf16(v);
+        if (bf16_cache) q = rounded_to_bf16(q), kw = rounded_to_bf16(kw), vw = rounded_to_bf16(vw);
+        const Tensor k = kw.narrow(3, 0, c.d), v = vw.narrow(3, 0, c.dv);
         const auto wide = [&](const Tensor& t) { return bf16_cache ? widened_to_f32(t) : t; };
         Tensor want = Tensor::empty({c.B, c.N, c.H, c.dv});
         attention_reference_forward(wide(q), wide(k), wide(v), o, want, nullptr, nullptr);

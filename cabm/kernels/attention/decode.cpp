@@ -48,7 +48,7 @@ int64_t l2_bytes() {
 // is no guide: this VM reports 320 MiB.)
 std::atomic<int> g_prefetch_override{-1};  // set_decode_prefetch
 
-bool prefetch_rows(const DecodeShape& s, DType dtype) {
+bool prefetch_wanted(const DecodeShape& s, DType dtype) {
   const int forced = g_prefetch_override.load(std::memory_order_relaxed);
   if (forced >= 0) return forced == 1;
   return s.B * s.M * s.Hkv * (s.d + s.dv) * static_cast<int64_t>(dtype_size(dtype)) > 16 * l2_bytes();
@@ -111,7 +111,7 @@ void attention_decode_forward(const Tensor& q, const Tensor& k, const Tensor& v,
   // Partial states of every work item; one allocation per call (small: items · R · (dv + 2)).
   const size_t states = static_cast<size_t>(s.B * s.Hkv * chunks * R);
   std::vector<float> m(states), l(states), acc(states * static_cast<size_t>(s.dv));
-  const DecodeWork work{q, k, v, options, s, attention_scale(options, s.d), prefetch_rows(s, k.dtype())};
+  const DecodeWork work{q, k, v, options, s, attention_scale(options, s.d), prefetch_wanted(s, k.dtype())};
   const RunItem run_item = run_item_for(simd_isa());
   const int64_t scratch_floats = decode_scratch_floats(s);
 #pragma omp parallel
