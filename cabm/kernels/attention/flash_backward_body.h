@@ -122,18 +122,19 @@ void backward_key_tile(const BackwardArgs& args, BackwardBuffers& buf, int64_t b
   // Kᵀ scaled into base-2 scores (as the forward's Qᵀ), Vᵀ, and K·scale row-major for dQ = dS (scale·K).
   const float kscale = kVariants ? p.operand_scale : p.scale * kLog2e;
   float *kt_buf = buf.kt, *vt_buf = buf.vt, *ks = buf.ks;
-  for (int64_t c = 0; c < p.d; ++c) {
-    for (int64_t r = 0; r < nk; ++r) kt_buf[c * ld + r] = widen(k.row(j0 + r)[c]) * kscale;
-    for (int64_t r = nk; r < lanes; ++r) kt_buf[c * ld + r] = 0.0f;
-  }
-  for (int64_t c = 0; c < p.dv; ++c) {
-    for (int64_t r = 0; r < nk; ++r) vt_buf[c * ld + r] = widen(v.row(j0 + r)[c]);
-    for (int64_t r = nk; r < lanes; ++r) vt_buf[c * ld + r] = 0.0f;
-  }
+  // Row by row, as the forward's Qᵀ: k's and v's rows are often a power-of-two stride apart.
   for (int64_t r = 0; r < nk; ++r) {
-    for (int64_t c = 0; c < p.d; ++c) ks[r * dp + c] = widen(k.row(j0 + r)[c]) * p.scale;
-    for (int64_t c = p.d; c < dp; ++c) ks[r * dp + c] = 0.0f;
+    const T *krow = k.row(j0 + r), *vrow = v.row(j0 + r);
+    for (int64_t c = 0; c < p.d; ++c) {
+      const float x = widen(krow[c]);
+      kt_buf[c * ld + r] = x * kscale;
+      ks[r * dp + c] = x * p.scale;
+    }
+    std::fill(ks + r * dp + p.d, ks + (r + 1) * dp, 0.0f);
+    for (int64_t c = 0; c < p.dv; ++c) vt_buf[c * ld + r] = widen(vrow[c]);
   }
+  for (int64_t c = 0; c < p.d; ++c) std::fill(kt_buf + c * ld + nk, kt_buf + c * ld + lanes, 0.0f);
+  for (int64_t c = 0; c < p.dv; ++c) std::fill(vt_buf + c * ld + nk, vt_buf + c * ld + lanes, 0.0f);
   // ALiBi offsets relative to the tile's first key position.
   const int64_t pos_base = p.variants.k_position(j0);
   if (kVariants && p.variants.slopes) position_offsets(p.variants, false, j0, nk, lanes, pos_base, buf.koff);
