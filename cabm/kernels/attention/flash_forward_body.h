@@ -72,9 +72,15 @@ void forward_query_tile(const ForwardArgs& args, ForwardBuffers& buf, int64_t b,
   const float qscale = kVariants ? p.operand_scale : p.scale * kLog2e;
   float* qt_buf = buf.qt;
   // Row by row: q's rows are often a power-of-two stride apart (H·d floats), so reading them a
-  // column at a time kept only a few of them in L1 and missed on most elements.
+  // column at a time kept only a few of them in L1 and missed on most elements. They come from
+  // memory (each query tile reads its rows once), hence the prefetch 8 rows ahead: it halved this
+  // loop's samples in perf (Zen 4, N 4096, d 64, causal, avx2).
   for (int64_t r = 0; r < ni; ++r) {
     const T* qrow = q.row(i0 + r);
+    if (r + 8 < ni) {
+      const char* ahead = reinterpret_cast<const char*>(q.row(i0 + r + 8));
+      for (int64_t b = 0; b < p.d * static_cast<int64_t>(sizeof(T)); b += 64) __builtin_prefetch(ahead + b);
+    }
     for (int64_t c = 0; c < p.d; ++c) qt_buf[c * ld + r] = widen(qrow[c]) * qscale;
   }
   for (int64_t c = 0; c < p.d; ++c) std::fill(qt_buf + c * ld + ni, qt_buf + c * ld + lanes, 0.0f);
