@@ -79,7 +79,7 @@ void forward_query_tile(const ForwardArgs& args, ForwardBuffers& buf, int64_t b,
     const T* qrow = q.row(i0 + r);
     if (r + 8 < ni) {
       const char* ahead = reinterpret_cast<const char*>(q.row(i0 + r + 8));
-      for (int64_t b = 0; b < p.d * static_cast<int64_t>(sizeof(T)); b += 64) __builtin_prefetch(ahead + b);
+      for (int64_t line = 0; line < p.d * static_cast<int64_t>(sizeof(T)); line += 64) __builtin_prefetch(ahead + line);
     }
     for (int64_t c = 0; c < p.d; ++c) qt_buf[c * ld + r] = widen(qrow[c]) * qscale;
   }
