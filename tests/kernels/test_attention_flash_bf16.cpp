@@ -283,7 +283,7 @@ TEST(AttentionFlashBf16, ForwardTilesPerPath) {
       return std::vector<int64_t>{t.block_q, t.block_k};
     };
     const auto resolved = [](const Tensor& x, const AttentionOptions& o) {
-      const FlashConfig t = flash_resolved_config({}, o, x.size(3), x.size(1), false);
+      const FlashConfig t = flash_resolved_config({}, o, x.size(3), x.size(1), false, DType::BF16);
       return std::vector<int64_t>{t.block_q, (t.block_k + 15) / 16 * 16};
     };
     const auto wide = [&](const AttentionOptions& o) {

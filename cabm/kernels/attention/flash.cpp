@@ -50,7 +50,7 @@ bool flash_supports_variants(int64_t H, int64_t Hkv, const AttentionOptions& opt
 }
 
 FlashConfig flash_resolved_config(const FlashConfig& config, const AttentionOptions& options, int64_t d, int64_t n,
-                                  bool backward) {
+                                  bool backward, DType dtype) {
   FlashConfig c = config;
   CABM_CHECK(c.block_q >= 0 && c.block_k >= 0, "flash tile sizes must be >= 0, got {}x{}", c.block_q, c.block_k);
   // Chosen on Zen 3 with AVX2 (32 KiB L1d, 512 KiB L2); differences between neighbouring choices
@@ -72,20 +72,22 @@ FlashConfig flash_resolved_config(const FlashConfig& config, const AttentionOpti
   //    set alike (+0.2 to +2.6 points of the FMA peak); 384 did as well but on avx2 at d 128
   //    (−1.5 to −3.3). The backward stays at 96 × 96. (Not for one query row, KV-cache decoding:
   //    its row sees whole tiles, no diagonal.)
-  //  - CPUs with AMX (Intel Xeons from Sapphire Rapids on, whose cores have two 512-bit FMA units
-  //    and a 48 KiB L1d) take 64 × 64 forward tiles on the avx512 set. Measured on one (session
-  //    27, docs/attention_performance.md: N 4096, H 8, 2 threads, ten tile shapes in three
-  //    interleaved rounds), 64 × 64 was best of all in each of d 64 / 128 × none / causal: d 64
-  //    +2.2 and +1.3 points of the FMA peak over 64 × 192, d 128 +11.5 and +9.6 over 32 × 192.
-  //    There the 6 × 2 micro-kernel of 32-lane tiles loads too much per FMA, and 192 keys of
-  //    scores (48 KiB at 64 lanes) do not stay in L1 between the products. Other CPUs keep the
-  //    rules above: the Zen 4 (one 512-bit FMA per cycle) ran 192 keys best, and 64 × 64 is
-  //    unmeasured on the Zen 5.
+  //  - fp32 inputs on CPUs with AMX (Intel Xeons from Sapphire Rapids on, whose cores have two
+  //    512-bit FMA units and a 48 KiB L1d) take 64 × 64 tiles, forward and backward, on the avx512
+  //    set. Measured on one (session 27, docs/attention_performance.md: N 4096, H 8, 2 threads,
+  //    three interleaved rounds of 10 forward and 8 backward shapes), 64 × 64 was the best forward
+  //    in all of d 64 / 128 × none / causal (+1.3 to +2.2 points of the FMA peak over 64 × 192 at
+  //    d 64, +9.6 to +11.5 over 32 × 192 at d 128) and the best or within 0.5 of it backward (+2.6
+  //    to +7.4 over 96 × 96). There 32-lane tiles run the 6 × 2 micro-kernel, which loads too much
+  //    per FMA, and 192 keys of scores (48 KiB at 64 lanes) do not stay in L1 between the
+  //    products. Other CPUs keep the rules above (the Zen 4, one 512-bit FMA per cycle, ran 192
+  //    keys best; 64 × 64 is unmeasured on the Zen 5), and so do the bf16 kernels (their AMX
+  //    backward ran 7–18% slower at 64 × 64 on that Xeon).
   const bool short_diagonal =
       n > 1 && n <= 256 && (options.mask.causal_align() != CausalAlign::kNone || options.mask.has_window());
-  const bool xeon_tiles = !backward && simd_isa() == SimdIsa::kAvx512 && cpu_has_amx_bf16();
-  const int64_t default_q = short_diagonal ? 32 : backward ? 96 : xeon_tiles ? 64 : (d > 64 ? 32 : 64);
-  const int64_t default_k = short_diagonal ? 32 : backward ? 96 : xeon_tiles ? 64 : 192;
+  const bool xeon = dtype == DType::F32 && simd_isa() == SimdIsa::kAvx512 && cpu_has_amx_bf16();
+  const int64_t default_q = short_diagonal ? 32 : xeon ? 64 : backward ? 96 : (d > 64 ? 32 : 64);
+  const int64_t default_k = short_diagonal ? 32 : xeon ? 64 : backward ? 96 : 192;
   // With a block-sparse layout, tiles that coincide with its blocks let whole blocks be skipped.
   const auto& layouts = options.mask.block_layouts();
   if (c.block_q == 0) {

@@ -58,9 +58,10 @@ void attention_flash_backward(const AttentionSaved& saved, const Tensor& dout, c
                               const AttentionGrads& grads, const FlashConfig& config = {});
 
 // The tile sizes a call would use (after defaults), for tests and benchmarks.
-// d: head dim; n: query rows N.
+// d: head dim; n: query rows N; dtype: of the inputs, F32 (attention_flash_forward / _backward) or
+// BF16 (the bf16 kernels' paths that take these tiles, which keep their own measured defaults).
 FlashConfig flash_resolved_config(const FlashConfig& config, const AttentionOptions& options, int64_t d, int64_t n,
-                                  bool backward);
+                                  bool backward, DType dtype = DType::F32);
 
 // Whether attention_flash_forward / _backward (and the bf16 SIMD path, the same bodies over bf16
 // operands) run these variants themselves: H query heads over Hkv key/value heads, soft-capping,

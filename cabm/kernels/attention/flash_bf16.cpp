@@ -344,7 +344,7 @@ const char* path_name(Path path) {
 // layouts keep the narrow tiles, which follow their band or blocks, as do sequences of up to 256
 // queries (not measured); explicit tile sizes are kept.
 FlashConfig forward_tiles(Path path, const FlashConfig& config, const AttentionOptions& options, int64_t d, int64_t n) {
-  FlashConfig tiles = flash_resolved_config(config, options, d, n, false);
+  FlashConfig tiles = flash_resolved_config(config, options, d, n, false, DType::BF16);
   const Mask& mask = options.mask;
   const bool narrow = n <= 256 || mask.has_window() || !mask.block_layouts().empty();
   if ((is_amx(path) || path == Path::kAvx512Bf16) && !narrow) {
@@ -398,7 +398,7 @@ void attention_flash_bf16_backward(const AttentionSaved& saved, const Tensor& do
   if (saved.q.size(0) * saved.q.size(2) == 0) return;
   if (packed) {
     detail::attention_flash_bf16_backward_packed(
-        saved, dout, options, grads, flash_resolved_config(config, options, saved.q.size(3), saved.q.size(1), true),
+        saved, dout, options, grads, flash_resolved_config(config, options, saved.q.size(3), saved.q.size(1), true, DType::BF16),
         packed_products(path));
   } else if (simd) {
     detail::attention_flash_bf16_backward_simd(saved, dout, options, grads, config);
