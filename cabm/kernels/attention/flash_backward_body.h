@@ -84,7 +84,7 @@ void backward_begin_chunk(const BackwardArgs& args, BackwardBuffers& buf, int64_
       if constexpr (kRoundsProducts<T>) {
         for (int64_t c = 0; c < p.dv; ++c) buf.g[r * p.dv + c] = bf16_to_float(float_to_bf16(g.row(i)[c]));
       } else {
-        std::copy_n(g.row(i), p.dv, buf.g + r * p.dv);
+        copy_row(g.row(i), p.dv, buf.g + r * p.dv);
       }
       buf.lse2[r] = lse[i] == -INFINITY ? INFINITY : lse[i] * kLog2e;
       float dot = 0.0f;
@@ -249,7 +249,7 @@ void write_dq_rows(const BackwardArgs& args, const float* acc, int64_t dp, int64
   for (int64_t u = 0; u < p.group; ++u) {
     const HeadRows dq = head_rows(args.grads.dq, b, hk * p.group + u);
     for (int64_t i = rows.begin; i < rows.end; ++i)
-      std::copy_n(acc + (u * n + i - rows.begin) * dp, p.d, dq.data + i * dq.stride);
+      copy_row(acc + (u * n + i - rows.begin) * dp, p.d, dq.data + i * dq.stride);
   }
 }
 

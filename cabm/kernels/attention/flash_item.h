@@ -24,6 +24,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <type_traits>
 #include <utility>
@@ -104,10 +105,18 @@ inline InputRows<T> input_rows(const Tensor& t, int64_t b, int64_t h) {
 }
 inline float widen(float x) { return x; }
 inline float widen(bf16 x) { return bf16_to_float(x); }
+// dst[0, n) = src[0, n) for rows of a few hundred bytes, in 64-byte pieces that the compiler
+// copies inline: std::copy_n called memmove once per row, which was 10% of a training-shape call
+// (B 32, N 128, H 8, d 32, causal, forward and backward; perf, Intel Xeon, session 27).
+inline void copy_row(const float* src, int64_t n, float* dst) {
+  int64_t c = 0;
+  for (; c + 16 <= n; c += 16) std::memcpy(dst + c, src + c, 64);
+  for (; c < n; ++c) dst[c] = src[c];
+}
 template <typename T>
 inline void widen_row(const T* src, int64_t n, float* dst) {
   if constexpr (std::is_same_v<T, float>) {
-    std::copy_n(src, n, dst);
+    copy_row(src, n, dst);
   } else {
     for (int64_t c = 0; c < n; ++c) dst[c] = widen(src[c]);
   }
