@@ -143,6 +143,38 @@ TEST(Flash, TileSizes) {
     check(c);
 }
 
+// flash_resolved_config's defaults: fp32 inputs on the avx512 set of a CPU with AMX take 64 × 64
+// tiles, forward and backward; bf16 inputs there, the other sets and other CPUs keep the older
+// rules; short causal sequences 32 × 32 everywhere; explicit sizes are kept.
+TEST(Flash, DefaultTiles) {
+  AttentionOptions none, causal;
+  causal.mask = Mask::causal();
+  const auto tiles = [](const AttentionOptions& o, int64_t d, int64_t n, bool backward, DType dtype) {
+    const FlashConfig c = flash_resolved_config({}, o, d, n, backward, dtype);
+    return std::vector<int64_t>{c.block_q, c.block_k};
+  };
+  for (SimdIsa isa : test::runnable_isas("tiled attention")) {
+    const test::ScopedSimdIsa pin(isa);
+    const bool xeon = isa == SimdIsa::kAvx512 && cpu_has_amx_bf16();
+    for (const AttentionOptions* o : {&none, &causal}) {
+      for (int64_t d : {32, 64, 128}) {
+        const std::vector<int64_t> forward = {d > 64 ? 32 : 64, 192}, backward = {96, 96}, xeon_tiles = {64, 64};
+        EXPECT_EQ(tiles(*o, d, 4096, false, DType::F32), xeon ? xeon_tiles : forward) << simd_isa_name(isa);
+        EXPECT_EQ(tiles(*o, d, 4096, true, DType::F32), xeon ? xeon_tiles : backward) << simd_isa_name(isa);
+        EXPECT_EQ(tiles(*o, d, 4096, false, DType::BF16), forward) << simd_isa_name(isa);
+        EXPECT_EQ(tiles(*o, d, 4096, true, DType::BF16), backward) << simd_isa_name(isa);
+      }
+    }
+    for (bool backward : {false, true})
+      for (DType dtype : {DType::F32, DType::BF16})
+        EXPECT_EQ(tiles(causal, 64, 128, backward, dtype), (std::vector<int64_t>{32, 32})) << simd_isa_name(isa);
+    const FlashConfig given = flash_resolved_config(FlashConfig{16, 48}, none, 64, 4096, false, DType::F32);
+    EXPECT_EQ(given.block_q, 16);
+    EXPECT_EQ(given.block_k, 48);
+  }
+  if (!cpu_has_amx_bf16()) std::printf("skipped: the 64 x 64 defaults of CPUs with AMX (this CPU lacks AMX-BF16)\n");
+}
+
 TEST(Flash, ThreadCountsAgree) {
   // One head (split across threads in the backward), and three (an odd number).
   for (const FlashCase& c : test::thread_count_cases()) {

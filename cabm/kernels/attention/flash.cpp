@@ -78,9 +78,9 @@ FlashConfig flash_resolved_config(const FlashConfig& config, const AttentionOpti
   //    three interleaved rounds of 10 forward and 8 backward shapes), 64 × 64 was the best forward
   //    in all of d 64 / 128 × none / causal (+1.3 to +2.2 points of the FMA peak over 64 × 192 at
   //    d 64, +9.6 to +11.5 over 32 × 192 at d 128) and the best or within 0.5 of it backward (+2.6
-  //    to +7.4 over 96 × 96). There 32-lane tiles run the 6 × 2 micro-kernel, which loads too much
-  //    per FMA, and 192 keys of scores (48 KiB at 64 lanes) do not stay in L1 between the
-  //    products. Other CPUs keep the rules above (the Zen 4, one 512-bit FMA per cycle, ran 192
+  //    to +7.4 over 96 × 96). 32-lane tiles lost most (a 12 × 2 micro-kernel for them, as many
+  //    accumulators as 6 × 4, did no better), and 192 keys of scores (48 KiB at 64 lanes) do not
+  //    stay in L1 between the products. Other CPUs keep the rules above (the Zen 4, one 512-bit FMA per cycle, ran 192
   //    keys best; 64 × 64 is unmeasured on the Zen 5), and so do the bf16 kernels (their AMX
   //    backward ran 7–18% slower at 64 × 64 on that Xeon).
   const bool short_diagonal =

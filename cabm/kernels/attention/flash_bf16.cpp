@@ -398,7 +398,8 @@ void attention_flash_bf16_backward(const AttentionSaved& saved, const Tensor& do
   if (saved.q.size(0) * saved.q.size(2) == 0) return;
   if (packed) {
     detail::attention_flash_bf16_backward_packed(
-        saved, dout, options, grads, flash_resolved_config(config, options, saved.q.size(3), saved.q.size(1), true, DType::BF16),
+        saved, dout, options, grads,
+        flash_resolved_config(config, options, saved.q.size(3), saved.q.size(1), true, DType::BF16),
         packed_products(path));
   } else if (simd) {
     detail::attention_flash_bf16_backward_simd(saved, dout, options, grads, config);

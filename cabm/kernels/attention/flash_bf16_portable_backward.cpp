@@ -203,8 +203,7 @@ void backward_kv_head_portable(const BackwardArgs& args, BackwardBuffers& buf, i
 void attention_flash_bf16_backward_portable(const AttentionSaved& saved, const Tensor& dout,
                                             const AttentionOptions& options, const AttentionGrads& grads,
                                             const FlashConfig& config) {
-  const FlashConfig tiles =
-      flash_resolved_config(config, options, saved.q.size(3), saved.q.size(1), true, DType::BF16);
+  const FlashConfig tiles = flash_resolved_config(config, options, saved.q.size(3), saved.q.size(1), true, DType::BF16);
   BackwardProblem p{};
   p.B = saved.q.size(0), p.N = saved.q.size(1), p.H = saved.q.size(2), p.Hkv = saved.k.size(2);
   p.M = saved.k.size(1), p.d = saved.q.size(3), p.dv = saved.v.size(3);
