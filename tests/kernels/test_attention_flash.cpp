@@ -155,12 +155,12 @@ TEST(Flash, DefaultTiles) {
   };
   for (SimdIsa isa : test::runnable_isas("tiled attention")) {
     const test::ScopedSimdIsa pin(isa);
-    const bool xeon = isa == SimdIsa::kAvx512 && cpu_has_amx_bf16();
+    const bool amx_fp32 = isa == SimdIsa::kAvx512 && cpu_has_amx_bf16();
     for (const AttentionOptions* o : {&none, &causal}) {
       for (int64_t d : {32, 64, 128}) {
-        const std::vector<int64_t> forward = {d > 64 ? 32 : 64, 192}, backward = {96, 96}, xeon_tiles = {64, 64};
-        EXPECT_EQ(tiles(*o, d, 4096, false, DType::F32), xeon ? xeon_tiles : forward) << simd_isa_name(isa);
-        EXPECT_EQ(tiles(*o, d, 4096, true, DType::F32), xeon ? xeon_tiles : backward) << simd_isa_name(isa);
+        const std::vector<int64_t> forward = {d > 64 ? 32 : 64, 192}, backward = {96, 96}, amx_tiles = {64, 64};
+        EXPECT_EQ(tiles(*o, d, 4096, false, DType::F32), amx_fp32 ? amx_tiles : forward) << simd_isa_name(isa);
+        EXPECT_EQ(tiles(*o, d, 4096, true, DType::F32), amx_fp32 ? amx_tiles : backward) << simd_isa_name(isa);
         EXPECT_EQ(tiles(*o, d, 4096, false, DType::BF16), forward) << simd_isa_name(isa);
         EXPECT_EQ(tiles(*o, d, 4096, true, DType::BF16), backward) << simd_isa_name(isa);
       }

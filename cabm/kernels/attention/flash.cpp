@@ -80,14 +80,14 @@ FlashConfig flash_resolved_config(const FlashConfig& config, const AttentionOpti
   //    d 64, +9.6 to +11.5 over 32 × 192 at d 128) and the best or within 0.5 of it backward (+2.6
   //    to +7.4 over 96 × 96). 32-lane tiles lost most (a 12 × 2 micro-kernel for them, as many
   //    accumulators as 6 × 4, did no better), and 192 keys of scores (48 KiB at 64 lanes) do not
-  //    stay in L1 between the products. Other CPUs keep the rules above (the Zen 4, one 512-bit FMA per cycle, ran 192
-  //    keys best; 64 × 64 is unmeasured on the Zen 5), and so do the bf16 kernels (their AMX
-  //    backward ran 7–18% slower at 64 × 64 on that Xeon).
+  //    stay in L1 between the products. Other CPUs keep the rules above (the Zen 4, one 512-bit
+  //    FMA per cycle, ran 192 keys best; 64 × 64 is unmeasured on the Zen 5), and so do the bf16
+  //    kernels (their AMX backward ran 7–18% slower at 64 × 64 on that Xeon).
   const bool short_diagonal =
       n > 1 && n <= 256 && (options.mask.causal_align() != CausalAlign::kNone || options.mask.has_window());
-  const bool xeon = dtype == DType::F32 && simd_isa() == SimdIsa::kAvx512 && cpu_has_amx_bf16();
-  const int64_t default_q = short_diagonal ? 32 : xeon ? 64 : backward ? 96 : (d > 64 ? 32 : 64);
-  const int64_t default_k = short_diagonal ? 32 : xeon ? 64 : backward ? 96 : 192;
+  const bool amx_fp32 = dtype == DType::F32 && simd_isa() == SimdIsa::kAvx512 && cpu_has_amx_bf16();
+  const int64_t default_q = short_diagonal ? 32 : amx_fp32 ? 64 : backward ? 96 : (d > 64 ? 32 : 64);
+  const int64_t default_k = short_diagonal ? 32 : amx_fp32 ? 64 : backward ? 96 : 192;
   // With a block-sparse layout, tiles that coincide with its blocks let whole blocks be skipped.
   const auto& layouts = options.mask.block_layouts();
   if (c.block_q == 0) {
