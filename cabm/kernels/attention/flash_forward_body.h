@@ -7,6 +7,7 @@
 #include "cabm/kernels/attention/score_epilogue.h"
 #include "cabm/kernels/simd.h"
 #include "cabm/kernels/attention/tile_product.h"
+#include "cabm/kernels/attention/tile_transpose.h"
 
 namespace cabm::flash::CABM_FLASH_SET {
 namespace {
@@ -19,6 +20,7 @@ using HeadScores = simd::HeadScores;
 using simd::tile::Accum;
 using simd::tile::round_tile_to_bf16;
 using simd::tile::tile_product;
+using simd::tile::transpose_scaled;
 
 // ---------------------------------------------------------------------------------------------
 // Forward. One work item is (b, h, query tile). Its buffers hold the tile transposed, lanes over
@@ -63,27 +65,16 @@ void forward_query_tile(const ForwardArgs& args, ForwardBuffers& buf, int64_t b,
   const Range rows{i0, i0 + ni};
   const InputRows<T> q = input_rows<T>(args.q, b, h);
   const HeadRows out = head_rows(args.out, b, h);
+  prefetch_rows_for_write(out.data + i0 * out.stride, out.stride, ni, p.dv);
   const int64_t packed = b * p.Hkv + h / p.group - args.first_head;
   const HeadRows k{const_cast<float*>(args.k) + packed * p.M * p.d, p.d};
   const HeadRows v{const_cast<float*>(args.v) + packed * p.M * p.dv, p.dv};
 
   // Qᵀ, pre-multiplied by scale·log2(e) so that the scores come out in base 2: exp2 is cheaper
-  // (by the operand scale of the variants with them).
+  // (by the operand scale of the variants with them); lanes [ni, lanes) zero.
   const float qscale = kVariants ? p.operand_scale : p.scale * kLog2e;
   float* qt_buf = buf.qt;
-  // Row by row: q's rows are often a power-of-two stride apart (H·d floats), so reading them a
-  // column at a time kept only a few of them in L1 and missed on most elements. They come from
-  // memory (each query tile reads its rows once), hence the prefetch 8 rows ahead: it halved this
-  // loop's samples in perf (Zen 4, N 4096, d 64, causal, avx2).
-  for (int64_t r = 0; r < ni; ++r) {
-    const T* qrow = q.row(i0 + r);
-    if (r + 8 < ni) {
-      const char* ahead = reinterpret_cast<const char*>(q.row(i0 + r + 8));
-      for (int64_t line = 0; line < p.d * static_cast<int64_t>(sizeof(T)); line += 64) __builtin_prefetch(ahead + line);
-    }
-    for (int64_t c = 0; c < p.d; ++c) qt_buf[c * ld + r] = widen(qrow[c]) * qscale;
-  }
-  for (int64_t c = 0; c < p.d; ++c) std::fill(qt_buf + c * ld + ni, qt_buf + c * ld + lanes, 0.0f);
+  transpose_scaled<true>(q.row(i0), q.stride, ni, p.d, qscale, qt_buf, ld);
   // Running maximum (base-2 scores) and sum. −FLT_MAX rather than −inf keeps exp2(s − m) free of
   // inf − inf for rows that have seen only masked scores so far.
   float *m = buf.m, *l = buf.l, *alpha = buf.alpha, *s = buf.s, *o = buf.o;
@@ -189,17 +180,26 @@ void forward_query_tile(const ForwardArgs& args, ForwardBuffers& buf, int64_t b,
     first = false;
   }
 
-  // One division per row at the end; fully masked rows (l = 0) give 0 and lse = −inf.
-  for (int64_t r = 0; r < ni; ++r) {
-    float* orow = out.data + (i0 + r) * out.stride;
-    if (first || l[r] == 0.0f) {
-      std::fill_n(orow, p.dv, 0.0f);
-    } else {
-      const float inv = 1.0f / l[r];
-      for (int64_t c = 0; c < p.dv; ++c) orow[c] = o[c * ld + r] * inv;
+  // One division per row at the end; fully masked rows (l = 0) give 0 and lse = −inf. Oᵀ's lanes
+  // are scaled in place, then the tile is transposed into out's rows.
+  if (first) {
+    for (int64_t r = 0; r < ni; ++r) std::fill_n(out.data + (i0 + r) * out.stride, p.dv, 0.0f);
+  } else {
+    for (int64_t lv = 0; lv < lanes; lv += kWidth) {
+      // l is 0 (every key masked so far) or at least 1 (the maximum's weight): O/l where −l < −½,
+      // which NaN fails too (a NaN l stays NaN), else 0.
+      const Vec sum = simd::load(l + lv), neg_sum = simd::sub(simd::zero(), sum);
+      const Vec inv = simd::div(simd::set1(1.0f), sum), half = simd::set1(-0.5f);
+      for (int64_t c = 0; c < p.dv; ++c) {
+        const Vec scaled = simd::mul(simd::load(o + c * ld + lv), inv);
+        simd::store(o + c * ld + lv, simd::select_below(neg_sum, half, scaled, simd::zero()));
+      }
     }
-    if (args.lse) args.lse[(b * p.H + h) * p.N + i0 + r] = l[r] > 0.0f ? (m[r] + std::log2(l[r])) * kLn2 : -INFINITY;
+    transpose_scaled<false>(o, ld, p.dv, ni, 1.0f, out.data + i0 * out.stride, out.stride);
   }
+  if (args.lse)
+    for (int64_t r = 0; r < ni; ++r)
+      args.lse[(b * p.H + h) * p.N + i0 + r] = l[r] > 0.0f ? (m[r] + std::log2(l[r])) * kLn2 : -INFINITY;
 }
 
 }  // namespace

@@ -121,6 +121,18 @@ inline void widen_row(const T* src, int64_t n, float* dst) {
     for (int64_t c = 0; c < n; ++c) dst[c] = widen(src[c]);
   }
 }
+// Asks for rows [0, rows) of `cols` floats, `stride` floats apart, to come into the cache for
+// writing: the forward's tile of out, whose rows lie a power-of-two stride apart in a tensor of
+// megabytes, cold by the time the tile ends. Written then, each line waits for its fill; asked for
+// when the tile starts, they arrive during its products. (Timed in place in a backward at N 128,
+// d 32 for its dk and dv rows: 8,000-9,000 cycles per 32-key tile without, 1,100-1,200 with;
+// Intel Xeon, session 28.)
+inline void prefetch_rows_for_write(float* data, int64_t stride, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const char* row = reinterpret_cast<const char*>(data + r * stride);
+    for (int64_t byte = 0; byte < cols * 4; byte += 64) __builtin_prefetch(row + byte, 1, 3);
+  }
+}
 template <typename T>
 inline constexpr bool kRoundsProducts = std::is_same_v<T, bf16>;
 
