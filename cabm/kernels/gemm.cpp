@@ -16,6 +16,7 @@
 #include <dnnl.hpp>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 namespace cabm {
@@ -108,9 +109,11 @@ struct Bf16Key {
   int64_t M, N, K, lda, ldb, ldc;
   bool ta, tb;
   float alpha, beta;
+  bool bias;
   bool operator==(const Bf16Key& o) const {
     return M == o.M && N == o.N && K == o.K && lda == o.lda && ldb == o.ldb && ldc == o.ldc && ta == o.ta &&
-           tb == o.tb && std::memcmp(&alpha, &o.alpha, 4) == 0 && std::memcmp(&beta, &o.beta, 4) == 0;
+           tb == o.tb && std::memcmp(&alpha, &o.alpha, 4) == 0 && std::memcmp(&beta, &o.beta, 4) == 0 &&
+           bias == o.bias;
   }
 };
 
@@ -132,6 +135,11 @@ dnnl::engine& cpu_engine() {
 // A small most-recently-used list: lookups are a linear scan of at most kCapacity keys, negligible
 // next to a matmul, and the plans are shared_ptrs so a plan evicted while another thread runs it
 // stays alive.
+// The bias: N floats, one per column of c.
+dnnl::memory::desc bias_md(int64_t N) {
+  return dnnl::memory::desc(dnnl::memory::dims{1, N}, dnnl::memory::data_type::f32, dnnl::memory::dims{N, 1});
+}
+
 class Bf16PlanCache {
  public:
   static constexpr size_t kCapacity = 64;
@@ -178,7 +186,9 @@ class Bf16PlanCache {
     }
     dnnl::matmul::primitive_desc pd;
     try {
-      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, cpu_engine());
+      const dnnl::matmul::desc desc = k.bias ? dnnl::matmul::desc(a_md, b_md, bias_md(k.N), c_md)
+                                             : dnnl::matmul::desc(a_md, b_md, c_md);
+      pd = dnnl::matmul::primitive_desc(desc, attr, cpu_engine());
     } catch (const dnnl::error&) {  // no bf16 matmul at all for this CPU (e.g. AVX2 only)
       return {k, {}, {}, true, kFallbackName};
     }
@@ -196,10 +206,16 @@ Bf16PlanCache& plan_cache() {
   return cache;
 }
 
-Bf16Key make_key(const MatrixRefBf16& a, const MatrixRefBf16& b, int64_t ldc, float alpha, float beta) {
+Bf16Key make_key(const MatrixRefBf16& a, const MatrixRefBf16& b, int64_t ldc, float alpha, float beta, bool bias) {
   const int64_t M = a.rows, N = b.cols, K = a.cols;
   return {M, N, K, std::max<int64_t>(a.ld, a.transposed ? M : K), std::max<int64_t>(b.ld, b.transposed ? K : N),
-          ldc, a.transposed, b.transposed, alpha, beta};
+          ldc, a.transposed, b.transposed, alpha, beta, bias};
+}
+
+// c = beta · c + bias in every row (beta = 0 ignores c): a bias for the paths that add products onto c.
+void bias_into(float* c, int64_t ldc, int64_t M, int64_t N, float beta, const float* bias) {
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) c[i * ldc + j] = (beta == 0.0f ? 0.0f : beta * c[i * ldc + j]) + bias[j];
 }
 
 // The stored matrix of an operand (cols × rows when transposed) converted to contiguous fp32.
@@ -211,26 +227,33 @@ MatrixRef to_f32(const MatrixRefBf16& x, std::vector<float>& buffer) {
 }
 
 void gemm_bf16_via_f32(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha,
-                       float beta) {
+                       float beta, const float* bias) {
   std::vector<float> abuf, bbuf;
+  if (bias) {
+    bias_into(c, ldc, a.rows, b.cols, beta, bias);
+    beta = 1.0f;
+  }
   gemm(to_f32(a, abuf), to_f32(b, bbuf), c, ldc, alpha, beta);
 }
 
 }  // namespace
 
-void gemm_bf16(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha, float beta) {
+void gemm_bf16(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha, float beta,
+               const float* bias) {
   check_operands(a, b, ldc);
+  CABM_CHECK(!bias || alpha == 1.0f, "gemm_bf16: a bias needs alpha 1, got {}", alpha);
   const int64_t M = a.rows, N = b.cols, K = a.cols;
   if (M == 0 || N == 0) return;
   if (K == 0) {
+    if (bias) return bias_into(c, ldc, M, N, beta, bias);
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
   }
   if (bf16_active_isa() == Bf16Isa::kPortable && cpu_has_avx512_bf16())
-    return gemm_bf16_via_f32(a, b, c, ldc, alpha, beta);  // forced portable (tests, comparisons)
-  const auto plan = plan_cache().get(make_key(a, b, ldc, alpha, beta));
-  if (plan->reference) return gemm_bf16_via_f32(a, b, c, ldc, alpha, beta);
+    return gemm_bf16_via_f32(a, b, c, ldc, alpha, beta, bias);  // forced portable (tests, comparisons)
+  const auto plan = plan_cache().get(make_key(a, b, ldc, alpha, beta, bias != nullptr));
+  if (plan->reference) return gemm_bf16_via_f32(a, b, c, ldc, alpha, beta, bias);
   const dnnl::engine& engine = cpu_engine();
   thread_local dnnl::stream stream(engine);
   dnnl::memory am(plan->pd.src_desc(), engine, const_cast<bf16*>(a.data));
@@ -241,8 +264,10 @@ void gemm_bf16(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t
   const dnnl::memory::desc scratch_md = plan->pd.scratchpad_desc();
   if (scratchpad.size() < scratch_md.get_size()) scratchpad.resize(scratch_md.get_size());
   dnnl::memory sm(scratch_md, engine, scratchpad.data());
-  plan->primitive.execute(stream,
-                          {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sm}});
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sm}};
+  if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(bias_md(N), engine, const_cast<float*>(bias)));
+  plan->primitive.execute(stream, args);
   stream.wait();
 }
 
@@ -250,13 +275,17 @@ std::string gemm_bf16_implementation(const MatrixRefBf16& a, const MatrixRefBf16
   check_operands(a, b, ldc);
   if (a.rows == 0 || b.cols == 0 || a.cols == 0) return "none (empty)";
   if (bf16_active_isa() == Bf16Isa::kPortable && cpu_has_avx512_bf16()) return kFallbackName;
-  return plan_cache().get(make_key(a, b, ldc, 1.0f, 0.0f))->impl;
+  return plan_cache().get(make_key(a, b, ldc, 1.0f, 0.0f, false))->impl;
 }
 
 void gemm_bf16_reference(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha,
-                         float beta) {
+                         float beta, const float* bias) {
   check_operands(a, b, ldc);
   std::vector<float> abuf, bbuf;
+  if (bias) {
+    bias_into(c, ldc, a.rows, b.cols, beta, bias);
+    beta = 1.0f;
+  }
   gemm_reference(to_f32(a, abuf), to_f32(b, bbuf), c, ldc, alpha, beta);
 }
 

@@ -41,21 +41,24 @@ struct MatrixRefBf16 {
   bool transposed = false;
 };
 
-// c[M, N] = alpha · op(a)[M, K] · op(b)[K, N] + beta · c, fp32 accumulation; beta = 0 ignores c.
-// Runs oneDNN's matmul primitive (bf16 inputs, f32 output; alpha as its output scale, beta as a
-// sum post-op), one primitive per (shape, strides, transposes, alpha, beta), created on first use
-// and cached (thread-safe). Where oneDNN has only its reference implementation for bf16 (CPUs
-// without AVX-512: oneDNN's bf16 kernels need avx512_core at least), the operands are converted to
-// fp32 (exactly) and multiplied by gemm(): the same math, a different summation order.
+// c[M, N] = alpha · op(a)[M, K] · op(b)[K, N] + beta · c (+ bias[n] in every row, with alpha 1),
+// fp32 accumulation; beta = 0 ignores c. Runs oneDNN's matmul primitive (bf16 inputs, f32 output;
+// alpha as its output scale, beta as a sum post-op, the bias as its bias: added as the product is
+// stored, where broadcasting it into c first cost a pass over c, 5% of a bf16 training step), one
+// primitive per (shape, strides, transposes, alpha, beta, bias or not), created on first use and
+// cached (thread-safe). Where oneDNN has only its reference implementation for bf16 (CPUs without
+// AVX-512: oneDNN's bf16 kernels need avx512_core at least), the operands are converted to fp32
+// (exactly) and multiplied by gemm(): the same math, a different summation order.
 void gemm_bf16(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha = 1.0f,
-               float beta = 0.0f);
+               float beta = 0.0f, const float* bias = nullptr);
 
 // What gemm_bf16 runs for these operands: oneDNN's implementation name ("brg:avx512_core_bf16",
 // ...), or "fp32 sgemm (converted)" for the fallback. For benchmarks and logs.
 std::string gemm_bf16_implementation(const MatrixRefBf16& a, const MatrixRefBf16& b, int64_t ldc);
 
-// The oracle: gemm_reference on the operands converted to fp32 (exact), double accumulation.
+// The oracle: gemm_reference on the operands converted to fp32 (exact), double accumulation, then
+// the bias added.
 void gemm_bf16_reference(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha = 1.0f,
-                         float beta = 0.0f);
+                         float beta = 0.0f, const float* bias = nullptr);
 
 }  // namespace cabm

@@ -68,9 +68,11 @@ float broadcast_bias(const Linear& layer, const Tensor& y) {
   return 1.0f;
 }
 
-// y = x_b·W_bf16ᵀ + beta·y: the forward product of a bf16 layer on its rounded input.
-void bf16_product_forward(const Linear& layer, const Tensor& x_b, const Tensor& y, float beta) {
-  gemm_bf16(bf16_ref(x_b), bf16_ref(layer.weight_bf16, /*transposed=*/true), y.data<float>(), y.stride(0), 1.0f, beta);
+// y = x_b·W_bf16ᵀ + bias: the forward product of a bf16 layer on its rounded input, the bias added
+// by the product (gemm_bf16) rather than broadcast into y first.
+void bf16_product_forward(const Linear& layer, const Tensor& x_b, const Tensor& y) {
+  gemm_bf16(bf16_ref(x_b), bf16_ref(layer.weight_bf16, /*transposed=*/true), y.data<float>(), y.stride(0), 1.0f, 0.0f,
+            layer.bias.defined() ? layer.bias.data<float>() : nullptr);
 }
 
 // The weight and input gradients of a backward over `rows` rows have the layer's shapes.
@@ -99,8 +101,6 @@ void linear_forward(const Linear& layer, const Tensor& x, const Tensor& y, Tenso
   CABM_CHECK(y.dim() == 2 && y.size(0) == rows && y.size(1) == out && y.stride(1) == 1,
              "Linear output {} must be [{}, {}]", shape_str(y.shape()), rows, out);
   CABM_CHECK(layer.weight.stride(1) == 1, "Linear weight must have unit column stride");
-  float* yp = y.data<float>();
-  const float beta = broadcast_bias(layer, y);
   if (layer.weight_bf16.defined()) {
     check_bf16_copy(layer);
     Tensor x_b;
@@ -111,10 +111,12 @@ void linear_forward(const Linear& layer, const Tensor& x, const Tensor& y, Tenso
     } else {
       x_b = rounded(x, 0);
     }
-    bf16_product_forward(layer, x_b, y, beta);
+    bf16_product_forward(layer, x_b, y);
     return;
   }
   if (x_bf16) *x_bf16 = Tensor();
+  float* yp = y.data<float>();
+  const float beta = broadcast_bias(layer, y);
   const MatrixRef a{x.data<float>(), rows, in, x.stride(0)};
   const MatrixRef w_t{layer.weight.data<float>(), in, out, layer.weight.stride(0), /*transposed=*/true};
   gemm(a, w_t, yp, y.stride(0), 1.0f, beta);
@@ -222,7 +224,7 @@ void linear_forward_rounded(const Linear& layer, const Tensor& x_bf16, const Ten
   const int64_t rows = x_bf16.size(0), out = layer.out_features();
   CABM_CHECK(y.dim() == 2 && y.size(0) == rows && y.size(1) == out && y.stride(1) == 1,
              "Linear output {} must be [{}, {}]", shape_str(y.shape()), rows, out);
-  bf16_product_forward(layer, x_bf16, y, broadcast_bias(layer, y));
+  bf16_product_forward(layer, x_bf16, y);
 }
 
 void linear_backward_rounded(const Linear& layer, const Tensor& x_bf16, const Tensor& dy_bf16, const Tensor& dx,

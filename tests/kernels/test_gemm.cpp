@@ -179,6 +179,23 @@ void run_bf16_cases(const std::string& label) {
     expect_within(c, o, got, want, bound, "gemm_bf16 [" + label + "]");
     expect_within(c, o, again, want, bound, "gemm_bf16 cached [" + label + "]");
     expect_within(c, o, ref16, want, bound, "gemm_bf16_reference");
+    if (c.alpha != 1.0f) continue;
+    // With a bias (alpha 1): c = a·b + beta·c + bias[n], against the reference plus the bias; the
+    // bound grows by two roundings of |bias|.
+    std::vector<float> bias(static_cast<size_t>(c.N));
+    for (int64_t j = 0; j < c.N; ++j) bias[static_cast<size_t>(j)] = static_cast<float>((j * 37 % 23) - 11) / 3.0f;
+    std::vector<float> want_b = want, got_b = o.c0, bound_b = bound;
+    for (int64_t i = 0; i < c.M; ++i)
+      for (int64_t j = 0; j < c.N; ++j) {
+        const size_t e = static_cast<size_t>(i * o.ldc + j);
+        want_b[e] += bias[static_cast<size_t>(j)];
+        bound_b[e] += 4.0f * kU * (std::fabs(bias[static_cast<size_t>(j)]) + std::fabs(want[e]));
+      }
+    gemm_bf16(a, b, got_b.data(), o.ldc, 1.0f, c.beta, bias.data());
+    expect_within(c, o, got_b, want_b, bound_b, "gemm_bf16 with bias [" + label + "]");
+    std::vector<float> ref_b = o.c0;
+    gemm_bf16_reference(a, b, ref_b.data(), o.ldc, 1.0f, c.beta, bias.data());
+    expect_within(c, o, ref_b, want_b, bound_b, "gemm_bf16_reference with bias");
   }
 }
 
