@@ -112,8 +112,7 @@ struct Bf16Key {
   bool bias;
   bool operator==(const Bf16Key& o) const {
     return M == o.M && N == o.N && K == o.K && lda == o.lda && ldb == o.ldb && ldc == o.ldc && ta == o.ta &&
-           tb == o.tb && std::memcmp(&alpha, &o.alpha, 4) == 0 && std::memcmp(&beta, &o.beta, 4) == 0 &&
-           bias == o.bias;
+           tb == o.tb && std::memcmp(&alpha, &o.alpha, 4) == 0 && std::memcmp(&beta, &o.beta, 4) == 0 && bias == o.bias;
   }
 };
 
@@ -186,8 +185,8 @@ class Bf16PlanCache {
     }
     dnnl::matmul::primitive_desc pd;
     try {
-      const dnnl::matmul::desc desc = k.bias ? dnnl::matmul::desc(a_md, b_md, bias_md(k.N), c_md)
-                                             : dnnl::matmul::desc(a_md, b_md, c_md);
+      const dnnl::matmul::desc desc =
+          k.bias ? dnnl::matmul::desc(a_md, b_md, bias_md(k.N), c_md) : dnnl::matmul::desc(a_md, b_md, c_md);
       pd = dnnl::matmul::primitive_desc(desc, attr, cpu_engine());
     } catch (const dnnl::error&) {  // no bf16 matmul at all for this CPU (e.g. AVX2 only)
       return {k, {}, {}, true, kFallbackName};
@@ -208,8 +207,8 @@ Bf16PlanCache& plan_cache() {
 
 Bf16Key make_key(const MatrixRefBf16& a, const MatrixRefBf16& b, int64_t ldc, float alpha, float beta, bool bias) {
   const int64_t M = a.rows, N = b.cols, K = a.cols;
-  return {M, N, K, std::max<int64_t>(a.ld, a.transposed ? M : K), std::max<int64_t>(b.ld, b.transposed ? K : N),
-          ldc, a.transposed, b.transposed, alpha, beta, bias};
+  const int64_t lda = std::max<int64_t>(a.ld, a.transposed ? M : K), ldb = std::max<int64_t>(b.ld, b.transposed ? K : N);
+  return {M, N, K, lda, ldb, ldc, a.transposed, b.transposed, alpha, beta, bias};
 }
 
 // c = beta · c + bias in every row (beta = 0 ignores c): a bias for the paths that add products onto c.
@@ -226,8 +225,8 @@ MatrixRef to_f32(const MatrixRefBf16& x, std::vector<float>& buffer) {
   return {buffer.data(), x.rows, x.cols, std::max<int64_t>(stored_cols, 1), x.transposed};
 }
 
-void gemm_bf16_via_f32(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha,
-                       float beta, const float* bias) {
+void gemm_bf16_via_f32(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha, float beta,
+                       const float* bias) {
   std::vector<float> abuf, bbuf;
   if (bias) {
     bias_into(c, ldc, a.rows, b.cols, beta, bias);
@@ -278,8 +277,8 @@ std::string gemm_bf16_implementation(const MatrixRefBf16& a, const MatrixRefBf16
   return plan_cache().get(make_key(a, b, ldc, 1.0f, 0.0f, false))->impl;
 }
 
-void gemm_bf16_reference(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha,
-                         float beta, const float* bias) {
+void gemm_bf16_reference(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha, float beta,
+                         const float* bias) {
   check_operands(a, b, ldc);
   std::vector<float> abuf, bbuf;
   if (bias) {

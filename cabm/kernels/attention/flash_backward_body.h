@@ -33,7 +33,7 @@ struct BackwardBuffers {
   float *lse2, *delta, *dq;  // [rows], [rows], [rows][dp]
   float *q, *g;              // Q [rows][d] and dO [rows][dv], packed (see the forward's K, V)
   int64_t head = -1;         // b·Hkv + hk the per-chunk buffers hold
-  RowPrefetch prefetch;      // the rows of the next head (queue_head_prefetch)
+  RowPrefetch prefetch;      // the rows of the next head (queue_backward_head)
   Range chunk{0, 0};         // ... and which query rows of each query head
   BackwardBuffers(const Problem& p, int64_t rows)
       : ld(round_up(p.block_k, kWidth)),
@@ -245,45 +245,6 @@ void backward_key_tile(const BackwardArgs& args, BackwardBuffers& buf, int64_t b
   }
 }
 
-// Queues (buf.prefetch, pumped by the tile loop) every row the whole-head backward reads or writes
-// of key/value head hd (b·Hkv + hk) and its group of query heads, when the head is walked in one
-// chunk and those rows fit in kPrefetchHeadBytes. They are a head's slice of tensors of megabytes,
-// each row H·d floats from the next, so without this every tile waited for them: at B 32, N 128,
-// H 8, d 32 (causal, one thread, Intel Xeon, session 28) reading K, V and Q, dO, O and writing dk,
-// dv, dq took 43% of the backward's cycles (timed in place), the products and the softmax the rest.
-inline constexpr int64_t kPrefetchHeadBytes = 256 << 10;
-template <typename T>
-void queue_head_prefetch(const BackwardArgs& args, BackwardBuffers& buf, int64_t hd) {
-  const Problem& p = args.p;
-  buf.prefetch.clear();
-  if (args.chunk_rows < p.N) return;
-  const int64_t per_query = p.d * static_cast<int64_t>(sizeof(T)) + 4 * (2 * p.dv + p.d + 1);
-  const int64_t per_key = (p.d + p.dv) * static_cast<int64_t>(sizeof(T)) + 4 * (p.d + p.dv);
-  if (p.group * p.N * per_query + p.M * per_key > kPrefetchHeadBytes) return;
-  const int64_t b = hd / p.Hkv, hk = hd % p.Hkv;
-  const auto rows = [&](const auto& view, int64_t n, int64_t cols) {
-    using E = std::remove_cv_t<std::remove_pointer_t<decltype(view.data)>>;
-    const int64_t e = static_cast<int64_t>(sizeof(E));
-    buf.prefetch.add(view.data, view.stride * e, n, cols * e);
-  };
-  rows(input_rows<T>(args.saved.k, b, hk), p.M, p.d);
-  rows(input_rows<T>(args.saved.v, b, hk), p.M, p.dv);
-  for (int64_t u = 0; u < p.group; ++u) {
-    const int64_t h = hk * p.group + u;
-    rows(input_rows<T>(args.saved.q, b, h), p.N, p.d);
-    rows(head_rows(args.dout, b, h), p.N, p.dv);
-    rows(head_rows(args.saved.out, b, h), p.N, p.dv);
-    buf.prefetch.add(args.saved.lse.data<float>() + (b * p.H + h) * p.N, 0, 1, p.N * 4);
-  }
-  rows(head_rows(args.grads.dk, b, hk), p.M, p.d);
-  rows(head_rows(args.grads.dv, b, hk), p.M, p.dv);
-  for (int64_t u = 0; u < p.group; ++u) rows(head_rows(args.grads.dq, b, hk * p.group + u), p.N, p.d);
-  // The tile loop pumps before each of its five products, over about half the tile pairs with a
-  // diagonal mask: spread the lines over that many pumps.
-  const int64_t pumps = 5 * ceil_div(p.M, p.block_k) * ceil_div(p.N, p.block_q) / 2;
-  buf.prefetch.spread_over(std::max<int64_t>(pumps, 1));
-}
-
 using KeyTileFn = void (*)(const BackwardArgs&, BackwardBuffers&, int64_t, int64_t, int64_t);
 
 // dq rows `rows` of the query heads of key/value head hk from an accumulator holding them from
@@ -412,12 +373,18 @@ void backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOp
       // dq needs no partial sums and does not depend on the thread count at all.
       // Heads are claimed one ahead (a shared counter, as `omp for schedule(dynamic, 1)` would hand
       // them out), so that a thread knows its next head and asks for that head's rows while it
-      // works on this one (queue_head_prefetch).
+      // works on this one (queue_backward_head).
       const int64_t chunk_rows = args.chunk_rows;
       BackwardBuffers buf(p, chunk_rows);
+      // The tile loop pumps before each of its five products, over about half the tile pairs with
+      // a diagonal mask, for each query head of the group.
+      const int64_t pumps = 5 * n_kt * ceil_div(p.N, p.block_q) * p.group / 2;
       for (int64_t hd = next_head.fetch_add(1); hd < heads;) {
         const int64_t following = next_head.fetch_add(1);
-        if (following < heads) queue_head_prefetch<Elem>(args, buf, following);
+        if (following < heads && chunk_rows == p.N)  // one chunk per head: its rows are few
+          queue_backward_head(buf.prefetch, saved, dout, grads, following / p.Hkv, following % p.Hkv, pumps);
+        else
+          buf.prefetch.clear();
         const int64_t b = hd / p.Hkv, hk = hd % p.Hkv;
         for (int64_t i0 = 0; i0 < p.N; i0 += chunk_rows) {
           const Range chunk{i0, std::min(p.N, i0 + chunk_rows)};

@@ -26,10 +26,12 @@
 #include "cabm/kernels/attention/amx_tile_gemm.h"
 #include "cabm/kernels/attention/bf16_avx512.h"
 #include "cabm/kernels/attention/bf16_packing.h"
+#include "cabm/kernels/attention/row_prefetch.h"
 #include "cabm/kernels/attention/tile_mask.h"
 #include "cabm/kernels/bf16.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -157,6 +159,7 @@ struct Buffers {
   std::vector<bf16> q, g, qt, gt, kblocks, vblocks, kpairs, ds, pz_pairs, ds_pairs;
   std::vector<float> lse2, delta, dq, dkt, dvt, s, dpp, mask, z;
   int64_t lds = 0, ldds = 0;
+  RowPrefetch prefetch;  // the rows of the thread's next item (run)
   // Sized for p and zeroed, as fresh vectors would be, in the storage the thread already has
   // (thread_buffers): at N 4096 these are megabytes, and a first-touched page costs more than
   // clearing it again.
@@ -312,15 +315,20 @@ void backward_kv_head(const Args& args, Buffers& buf, int64_t b, int64_t hk) {
             dropout.fill_row(i0 + r, j0, j0 + nk, p.keep_scale, buf.z.data() + r * buf.lds, 1);
         const bf16* qrows = buf.q.data() + (u * p.rows + i0) * p.d_in;
         const bf16* grows = buf.g.data() + (u * p.rows + i0) * p.dv_in;
+        buf.prefetch.pump();
         Products::scores(qrows, ni, p.d_in, buf.kblocks.data(), nk16, buf.s.data(), buf.lds);
+        buf.prefetch.pump();
         Products::scores(grows, ni, p.dv_in, buf.vblocks.data(), nk16, buf.dpp.data(), buf.lds);
         tile_gradients(p, buf, ni, nk, buf.lse2.data() + u * p.N + i0, buf.delta.data() + u * p.N + i0,
                        kind == TileKind::kPartial);
         const bf16* gt = buf.gt.data() + (u * p.query_tiles + t) * p.bq_in * p.dvp;
         const bf16* qt = buf.qt.data() + (u * p.query_tiles + t) * p.bq_in * p.dqp;
+        buf.prefetch.pump();
         Products::transposed_product(gt, p.bq_in, p.dv, p.dvp, ni_in, buf.pz_pairs.data(), nk16, buf.dvt.data(),
                                      p.bk16);
+        buf.prefetch.pump();
         Products::transposed_product(qt, p.bq_in, p.d, p.dqp, ni_in, buf.ds_pairs.data(), nk16, buf.dkt.data(), p.bk16);
+        buf.prefetch.pump();
         Products::dq_product(buf.ds.data(), buf.ldds, ni, buf.kpairs.data(), nk_in, p.dqp,
                              buf.dq.data() + (u * p.rows + i0) * p.dqp);
       }
@@ -361,13 +369,25 @@ void run(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions
   p.dropout = options.dropout > 0.0f;
   const TileMask mask(options.mask, p.B, p.H, p.N, p.M);
   const Args args{saved, dout, grads, options, mask, p};
+  // Items are claimed one ahead (a shared counter, as `omp for schedule(dynamic, 1)` would hand
+  // them out), so that a thread asks for its next item's rows while it works on this one
+  // (queue_backward_head; the tile loop pumps before each of its five products, over about half
+  // the tile pairs with a diagonal mask, for each query head of the group).
+  const int64_t items = p.B * p.Hkv, pumps = 5 * ((p.M + p.block_k - 1) / p.block_k) * p.query_tiles * p.group / 2;
+  std::atomic<int64_t> next_item{0};
 #pragma omp parallel
   {
     Buffers& buf = thread_buffers(p);
     Products::begin();  // per thread: the tile configuration
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < p.B * p.Hkv; ++item)
+    for (int64_t item = next_item.fetch_add(1); item < items;) {
+      const int64_t following = next_item.fetch_add(1);
+      if (following < items)
+        queue_backward_head(buf.prefetch, saved, dout, grads, following / p.Hkv, following % p.Hkv, pumps);
+      else
+        buf.prefetch.clear();
       backward_kv_head<Products>(args, buf, item / p.Hkv, item % p.Hkv);
+      item = following;
+    }
     Products::end();
   }
 }

@@ -13,6 +13,7 @@
 #include "cabm/core/tensor.h"
 #include "cabm/kernels/attention/flash.h"
 #include "cabm/kernels/attention/head_rows.h"
+#include "cabm/kernels/attention/row_prefetch.h"
 #include "cabm/kernels/attention/score_variants.h"
 #include "cabm/kernels/bf16.h"
 #include "cabm/kernels/attention/tile_mask.h"
@@ -24,7 +25,6 @@
 #include <atomic>
 #include <cfloat>
 #include <cmath>
-#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -88,6 +88,9 @@ inline float* scratch(Slot slot, int64_t n) {
 
 using detail::head_rows;
 using detail::HeadRows;
+using detail::prefetch_rows_for_write;
+using detail::queue_backward_head;
+using detail::RowPrefetch;
 
 // The inputs q, k, v have elements of type T: float, or bf16 for the bf16 kernels' SIMD path
 // (attention/flash_detail.h). bf16 is widened exactly (a 16-bit shift) whenever a tile is packed,
@@ -121,71 +124,6 @@ inline void widen_row(const T* src, int64_t n, float* dst) {
     copy_row(src, n, dst);
   } else {
     for (int64_t c = 0; c < n; ++c) dst[c] = widen(src[c]);
-  }
-}
-// Rows to ask for into L2 a few lines at a time, between the steps of a tile loop. Issued all at
-// once, a head's worth of requests (two thousand lines at N 128, d 32) filled the core's miss
-// buffers and the loop waited for them: that backward ran 4-6% faster than without, pumped 6-10%
-// (Intel Xeon, session 28).
-class RowPrefetch {
- public:
-  void clear() {
-    ranges_.clear();
-    range_ = 0;
-    row_ = 0;
-    line_ = 0;
-  }
-  void add(const void* data, int64_t stride, int64_t rows, int64_t bytes) {
-    if (rows > 0 && bytes > 0) ranges_.push_back({reinterpret_cast<uintptr_t>(data), stride, rows, bytes});
-  }
-  // Sets the lines per pump so that `pumps` pumps ask for all the rows added.
-  void spread_over(int64_t pumps) {
-    int64_t lines = 0;
-    for (const Range& r : ranges_) lines += r.rows * ((r.bytes + 63) / 64 + 1);
-    per_pump_ = std::max<int64_t>(4, (lines + pumps - 1) / pumps);
-  }
-  // Asks for the next lines (fewer at the end).
-  void pump() {
-    int64_t lines = per_pump_;
-    while (lines > 0 && range_ < ranges_.size()) {
-      const Range& r = ranges_[range_];
-      const uintptr_t first = r.data + static_cast<uintptr_t>(row_ * r.stride);
-      const uintptr_t end = first + static_cast<uintptr_t>(r.bytes);
-      if (line_ == 0) line_ = first & ~uintptr_t{63};
-      for (; line_ < end && lines > 0; line_ += 64, --lines)
-        __builtin_prefetch(reinterpret_cast<const void*>(line_), 0, 2);
-      if (line_ >= end) {
-        line_ = 0;
-        if (++row_ == r.rows) {
-          row_ = 0;
-          ++range_;
-        }
-      }
-    }
-  }
-
- private:
-  struct Range {
-    uintptr_t data;
-    int64_t stride, rows, bytes;
-  };
-  std::vector<Range> ranges_;
-  size_t range_ = 0;
-  int64_t row_ = 0, per_pump_ = 16;
-  uintptr_t line_ = 0;
-};
-
-// Asks for rows [0, rows) of `cols` floats, `stride` floats apart, to come into L1 for writing:
-// the forward's tile of out, whose rows lie a power-of-two stride apart in a tensor of megabytes,
-// cold by the time the tile ends. Written then, each line waits for its fill; asked for when the
-// tile starts, they arrive during its products. (Timed in place in a backward at N 128, d 32 for
-// its dk and dv rows: 8,000-9,000 cycles per 32-key tile without, 1,100-1,200 with; Intel Xeon,
-// session 28.)
-inline void prefetch_rows_for_write(float* data, int64_t stride, int64_t rows, int64_t cols) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const uintptr_t first = reinterpret_cast<uintptr_t>(data + r * stride);
-    for (uintptr_t line = first & ~uintptr_t{63}; line < first + static_cast<uintptr_t>(cols * 4); line += 64)
-      __builtin_prefetch(reinterpret_cast<const void*>(line), 1, 3);
   }
 }
 template <typename T>
