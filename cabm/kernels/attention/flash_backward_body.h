@@ -4,6 +4,7 @@
 #include "cabm/kernels/attention/score_epilogue.h"
 #include "cabm/kernels/simd.h"
 #include "cabm/kernels/attention/tile_product.h"
+#include "cabm/kernels/attention/tile_transpose.h"
 
 namespace cabm::flash::CABM_FLASH_SET {
 namespace {
@@ -15,6 +16,7 @@ using HeadScores = simd::HeadScores;
 using simd::tile::Accum;
 using simd::tile::round_tile_to_bf16;
 using simd::tile::tile_product;
+using simd::tile::transpose_scaled;
 
 // ---------------------------------------------------------------------------------------------
 // Backward. One work item is (b, key/value head hk, key tile); it owns its rows of dk and dv,
@@ -123,19 +125,14 @@ void backward_key_tile(const BackwardArgs& args, BackwardBuffers& buf, int64_t b
   // Kᵀ scaled into base-2 scores (as the forward's Qᵀ), Vᵀ, and K·scale row-major for dQ = dS (scale·K).
   const float kscale = kVariants ? p.operand_scale : p.scale * kLog2e;
   float *kt_buf = buf.kt, *vt_buf = buf.vt, *ks = buf.ks;
-  // Row by row, as the forward's Qᵀ: k's and v's rows are often a power-of-two stride apart.
+  // Kᵀ and Vᵀ with zero padding lanes (tile_transpose.h); ks row by row.
+  transpose_scaled<true>(k.row(j0), k.stride, nk, p.d, kscale, kt_buf, ld);
+  transpose_scaled<true>(v.row(j0), v.stride, nk, p.dv, 1.0f, vt_buf, ld);
   for (int64_t r = 0; r < nk; ++r) {
-    const T *krow = k.row(j0 + r), *vrow = v.row(j0 + r);
-    for (int64_t c = 0; c < p.d; ++c) {
-      const float x = widen(krow[c]);
-      kt_buf[c * ld + r] = x * kscale;
-      ks[r * dp + c] = x * p.scale;
-    }
+    const T* krow = k.row(j0 + r);
+    for (int64_t c = 0; c < p.d; ++c) ks[r * dp + c] = widen(krow[c]) * p.scale;
     std::fill(ks + r * dp + p.d, ks + (r + 1) * dp, 0.0f);
-    for (int64_t c = 0; c < p.dv; ++c) vt_buf[c * ld + r] = widen(vrow[c]);
   }
-  for (int64_t c = 0; c < p.d; ++c) std::fill(kt_buf + c * ld + nk, kt_buf + c * ld + lanes, 0.0f);
-  for (int64_t c = 0; c < p.dv; ++c) std::fill(vt_buf + c * ld + nk, vt_buf + c * ld + lanes, 0.0f);
   // ALiBi offsets relative to the tile's first key position.
   const int64_t pos_base = p.variants.k_position(j0);
   if (kVariants && p.variants.slopes) position_offsets(p.variants, false, j0, nk, lanes, pos_base, buf.koff);
@@ -232,16 +229,14 @@ void backward_key_tile(const BackwardArgs& args, BackwardBuffers& buf, int64_t b
     }
   }
 
-  for (int64_t r = 0; r < nk; ++r) {
-    float* dkrow = dk.data + (j0 + r) * dk.stride;
-    float* dvrow = dv.data + (j0 + r) * dv.stride;
-    if (first_chunk) {
-      for (int64_t c = 0; c < p.d; ++c) dkrow[c] = dkt[c * ld + r] * p.scale;
-      for (int64_t c = 0; c < p.dv; ++c) dvrow[c] = dvt[c * ld + r];
-    } else {
-      for (int64_t c = 0; c < p.d; ++c) dkrow[c] += dkt[c * ld + r] * p.scale;
-      for (int64_t c = 0; c < p.dv; ++c) dvrow[c] += dvt[c * ld + r];
-    }
+  float* const dk_rows = dk.data + j0 * dk.stride;
+  float* const dv_rows = dv.data + j0 * dv.stride;
+  if (first_chunk) {
+    transpose_scaled<false>(dkt, ld, p.d, nk, p.scale, dk_rows, dk.stride);
+    transpose_scaled<false>(dvt, ld, p.dv, nk, 1.0f, dv_rows, dv.stride);
+  } else {
+    transpose_scaled<false, true>(dkt, ld, p.d, nk, p.scale, dk_rows, dk.stride);
+    transpose_scaled<false, true>(dvt, ld, p.dv, nk, 1.0f, dv_rows, dv.stride);
   }
 }
 

@@ -1,15 +1,15 @@
-// Transposes between the row layout of q and out ([.., N, H, d]: one row per position) and the
-// forward's tiles, which hold them transposed (lanes over query rows; attention/tile_product.h).
-// Internal to kernels/: included by attention/flash_forward_body.h once per instruction set, in
-// the namespace of that set's simd flavour (CABM_SIMD_NS, simd.h).
+// Transposes between the row layout of q, k, v, out, dk and dv ([.., N, H, d]: one row per
+// position) and the tiles of the fp32 attention kernel, which hold them transposed (lanes over
+// positions; attention/tile_product.h). Internal to kernels/: included by the tile loops
+// (attention/flash_{forward,backward}_body.h) once per instruction set, in the namespace of that
+// set's simd flavour (CABM_SIMD_NS, simd.h).
 //
 // The vector sets move square blocks of kWidth × kWidth through registers: kWidth row loads, an
 // in-register transpose (64 shuffles for 16 × 16, 24 for 8 × 8), kWidth column stores; the
-// portable set copies element by element. With the out rows asked for early
-// (prefetch_rows_for_write), the training-shape forward (B 32, N 128, H 8, d 32, one thread) ran
-// 3-12% faster than with the element-by-element loops (Intel Xeon, session 28). The backward's Kᵀ,
-// Vᵀ, dk and dv stay element by element: there these blocks took fewer cycles themselves (timed
-// in place) yet the backward as a whole ran 2-4 ms slower in 13 (same shape), for a reason not found.
+// portable set copies element by element. At the training shape (B 32, N 128, H 8, d 32, one
+// thread, Intel Xeon, session 28) the forward ran 3-12% faster than with element-by-element loops
+// (with out's rows prefetched), the backward 8-13% (with its rows prefetched into L2: without, the
+// blocks' loads waited longer than the element-by-element ones and the backward ran 2-4 ms slower).
 #pragma once
 
 #include "cabm/core/dtype.h"
@@ -105,12 +105,14 @@ inline void transpose_block(Vec (&r)[kWidth]) {
 
 #endif  // CABM_SIMD_LEVEL > 0
 
-// dst[j·ldd + i] = src[i·lds + j]·scale for i < rows, j < cols, src widened to fp32 (the same bits
-// as element by element). kPad: dst's positions i in [rows, round_up(rows, kWidth)) get zeros, as
-// the tiles' padding lanes need. Prefetches the source rows of the next block of rows (q's rows
-// come from memory, H·d floats apart).
-template <bool kPad, typename T>
+// dst[j·ldd + i] = src[i·lds + j]·scale (kAdd: dst[..] += ..) for i < rows, j < cols, src widened
+// to fp32; x·scale is rounded as element by element, kAdd adds it with one FMA in the vector sets.
+// kPad: dst's positions i in [rows, round_up(rows, kWidth)) get zeros, as the tiles' padding lanes
+// need. Prefetches the source rows of the next block of rows (q's rows come from memory, H·d floats
+// apart).
+template <bool kPad, bool kAdd = false, typename T>
 void transpose_scaled(const T* src, int64_t lds, int64_t rows, int64_t cols, float scale, float* dst, int64_t ldd) {
+  static_assert(!(kPad && kAdd));
 #if CABM_SIMD_LEVEL > 0
   const Vec s = simd::set1(scale);
   for (int64_t i0 = 0; i0 < rows; i0 += kWidth) {
@@ -137,13 +139,21 @@ void transpose_scaled(const T* src, int64_t lds, int64_t rows, int64_t cols, flo
       CABM_UNROLL
       for (int c = 0; c < kWidth; ++c) {
         if (c >= nj) break;
-        simd::store_n(dst + (j0 + c) * ldd + i0, simd::mul(block[c], s), stored);
+        float* out = dst + (j0 + c) * ldd + i0;
+        if constexpr (kAdd) {
+          simd::store_n(out, simd::fma(block[c], s, simd::load_n(out, stored)), stored);
+        } else {
+          simd::store_n(out, simd::mul(block[c], s), stored);
+        }
       }
     }
   }
 #else
   for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) dst[j * ldd + i] = widen_element(src[i * lds + j]) * scale;
+    for (int64_t j = 0; j < cols; ++j) {
+      const float x = widen_element(src[i * lds + j]) * scale;
+      dst[j * ldd + i] = kAdd ? dst[j * ldd + i] + x : x;
+    }
   if constexpr (kPad) {
     const int64_t padded = (rows + kWidth - 1) / kWidth * kWidth;
     for (int64_t j = 0; j < cols; ++j) std::fill(dst + j * ldd + rows, dst + j * ldd + padded, 0.0f);
