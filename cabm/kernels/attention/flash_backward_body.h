@@ -35,8 +35,8 @@ struct BackwardBuffers {
   float *lse2, *delta, *dq;  // [rows], [rows], [rows][dp]
   float *q, *g;              // Q [rows][d] and dO [rows][dv], packed (see the forward's K, V)
   int64_t head = -1;         // b·Hkv + hk the per-chunk buffers hold
-  RowPrefetch prefetch;      // the rows of the next head (queue_backward_head)
   Range chunk{0, 0};         // ... and which query rows of each query head
+  RowPrefetch prefetch;      // the rows of the thread's next head (queue_backward_head)
   BackwardBuffers(const Problem& p, int64_t rows)
       : ld(round_up(p.block_k, kWidth)),
         dp(round_up(p.d, kWidth)),
