@@ -131,14 +131,14 @@ dnnl::engine& cpu_engine() {
   return engine;
 }
 
-// A small most-recently-used list: lookups are a linear scan of at most kCapacity keys, negligible
-// next to a matmul, and the plans are shared_ptrs so a plan evicted while another thread runs it
-// stays alive.
 // The bias: N floats, one per column of c.
 dnnl::memory::desc bias_md(int64_t N) {
   return dnnl::memory::desc(dnnl::memory::dims{1, N}, dnnl::memory::data_type::f32, dnnl::memory::dims{N, 1});
 }
 
+// A small most-recently-used list: lookups are a linear scan of at most kCapacity keys, negligible
+// next to a matmul, and the plans are shared_ptrs so a plan evicted while another thread runs it
+// stays alive.
 class Bf16PlanCache {
  public:
   static constexpr size_t kCapacity = 64;

@@ -27,13 +27,6 @@ namespace simd = ::cabm::CABM_SIMD_NS;
 using simd::kWidth;
 using simd::Vec;
 
-inline float widen_element(float x) {
-  return x;
-}
-inline float widen_element(bf16 x) {
-  return bf16_to_float(x);
-}
-
 #if CABM_SIMD_LEVEL > 0
 
 // The first `count` elements of a row as floats (bf16 widened exactly), the other lanes 0.
@@ -151,7 +144,12 @@ void transpose_scaled(const T* src, int64_t lds, int64_t rows, int64_t cols, flo
 #else
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < cols; ++j) {
-      const float x = widen_element(src[i * lds + j]) * scale;
+      float x;
+      if constexpr (std::is_same_v<T, float>) {
+        x = src[i * lds + j] * scale;
+      } else {
+        x = bf16_to_float(src[i * lds + j]) * scale;
+      }
       dst[j * ldd + i] = kAdd ? dst[j * ldd + i] + x : x;
     }
   if constexpr (kPad) {
