@@ -2,6 +2,8 @@
 
 #include "cabm/core/error.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <string_view>
@@ -74,6 +76,17 @@ const char* simd_isa_name(SimdIsa isa) {
       return "avx512";
   }
   return "?";
+}
+
+int64_t cpu_l2_bytes() {
+  static const int64_t bytes = [] {
+    long b = 0;
+#if defined(_SC_LEVEL2_CACHE_SIZE)
+    b = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+    return b > 0 ? static_cast<int64_t>(b) : int64_t{1} << 20;
+  }();
+  return bytes;
 }
 
 }  // namespace cabm

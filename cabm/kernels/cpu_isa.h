@@ -11,6 +11,7 @@
 // or a set the CPU lacks is an error (UsageError for the variable).
 #pragma once
 
+#include <cstdint>
 #include <optional>
 
 namespace cabm {
@@ -30,5 +31,9 @@ SimdIsa simd_isa();
 void set_simd_isa_override(std::optional<SimdIsa> isa);
 
 const char* simd_isa_name(SimdIsa isa);  // "portable", "avx2", "avx512"
+
+// Bytes of one core's L2 cache as the OS reports it (1 MiB where it reports none), read once: the
+// kernels that prefetch size what they ask for by it.
+int64_t cpu_l2_bytes();
 
 }  // namespace cabm

@@ -3,8 +3,6 @@
 #include "cabm/kernels/attention/decode_item.h"
 #include "cabm/kernels/cpu_isa.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -27,18 +25,6 @@ namespace {
 
 constexpr int64_t kDefaultChunk = 512;
 
-// Bytes of one core's L2 cache as the OS reports it (1 MiB where it does not).
-int64_t l2_bytes() {
-  static const int64_t bytes = [] {
-    long b = 0;
-#if defined(_SC_LEVEL2_CACHE_SIZE)
-    b = sysconf(_SC_LEVEL2_CACHE_SIZE);
-#endif
-    return b > 0 ? static_cast<int64_t>(b) : int64_t{1} << 20;
-  }();
-  return bytes;
-}
-
 // The work items prefetch the next block's rows (attention/decode_body.h) when the call's K and V
 // are more than 16 L2 caches' worth, so that they stream from L3 or memory. Below, the rows are
 // near already and the prefetches only cost. Zen 4 (1 MiB L2, 32 MiB L3), `cabm bench decode`
@@ -51,7 +37,7 @@ std::atomic<int> g_prefetch_override{-1};  // set_decode_prefetch
 bool prefetch_wanted(const DecodeShape& s, DType dtype) {
   const int forced = g_prefetch_override.load(std::memory_order_relaxed);
   if (forced >= 0) return forced == 1;
-  return s.B * s.M * s.Hkv * (s.d + s.dv) * static_cast<int64_t>(dtype_size(dtype)) > 16 * l2_bytes();
+  return s.B * s.M * s.Hkv * (s.d + s.dv) * static_cast<int64_t>(dtype_size(dtype)) > 16 * cpu_l2_bytes();
 }
 
 using RunItem = void (*)(const DecodeWork&, int64_t, int64_t, int64_t, const DecodePartial*, float*);

@@ -6,6 +6,7 @@
 
 #include "cabm/core/tensor.h"
 #include "cabm/kernels/attention/reference.h"
+#include "cabm/kernels/cpu_isa.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -66,11 +67,18 @@ class RowPrefetch {
   uintptr_t line_ = 0;
 };
 
+// The most bytes of a head's rows queue_backward_head asks for: 256 KiB, where it was measured
+// (Intel Xeon, 2 MiB of L2 per core, session 28), and at most a quarter of the L2 elsewhere, so
+// that the next head's rows and the current head's (as many again) share half of it. On a Zen 3
+// (512 KiB) the training shape's heads (N 128, d 32: 128.5 KiB) then go without: unmeasured there.
+inline int64_t prefetch_head_bytes() {
+  return std::min<int64_t>(256 << 10, cpu_l2_bytes() / 4);
+}
+
 // The rows a backward over key/value head (b, hk) reads and writes, queued on `prefetch` (cleared
 // first) to be asked for over `pumps` pumps: Q, dO, O, lse and dQ of its `group` query heads, K, V,
-// dK and dV; nothing when they exceed kPrefetchHeadBytes (long sequences, whose tiles are
+// dK and dV; nothing when they exceed prefetch_head_bytes() (long sequences, whose tiles are
 // compute-bound, and whose rows would not stay in L2 until used).
-inline constexpr int64_t kPrefetchHeadBytes = 256 << 10;
 inline void queue_backward_head(RowPrefetch& prefetch, const AttentionSaved& saved, const Tensor& dout,
                                 const AttentionGrads& grads, int64_t b, int64_t hk, int64_t pumps) {
   prefetch.clear();
@@ -85,7 +93,7 @@ inline void queue_backward_head(RowPrefetch& prefetch, const AttentionSaved& sav
     bytes += group * N * t->size(3) * static_cast<int64_t>(dtype_size(t->dtype()));
   for (const Tensor* t : {&saved.k, &saved.v, &grads.dk, &grads.dv})
     bytes += M * t->size(3) * static_cast<int64_t>(dtype_size(t->dtype()));
-  if (bytes + group * N * 4 > kPrefetchHeadBytes) return;
+  if (bytes + group * N * 4 > prefetch_head_bytes()) return;
   head(saved.k, M, hk);
   head(saved.v, M, hk);
   for (int64_t u = 0; u < group; ++u) {
