@@ -285,12 +285,18 @@ CABM_AVX512_BF16 inline __m512 row_max_lanes(const float* x, const float* mrow, 
 // come from memory, not registers). The raw maximum, the one-FMA exponent and the degree-4
 // exponential took a 32 × 768 tile's pass from 5.8 to 4.95 µs on one Zen 4 core (7.0 to 6.2 with
 // a mask): 16 to 12 vector operations per 16 weights without a mask.
-CABM_AVX512_BF16 inline void softmax_rows_avx512(const float* s, int64_t lds, int64_t ni, int64_t nk16,
-                                                 const float* mask, const float* z, float qscale, bf16* p, int64_t ldp,
-                                                 float* m, float* l, float* alpha) {
-  if (ni <= 0) return;
+// softmax_rows_avx512 runs one instance of this per kind of tile (mask or none, dropout or none,
+// raw maximum or not), so that the loops test nothing but their counters: compiled once for all
+// kinds, the loop of weights kept the tests and took four jumps per 16 weights. On one Intel Xeon
+// core (session 29, in cache) a 32 × 768 tile's pass went from 9.9 to 9.3 cycles per 16 weights.
+template <bool kMask, bool kDropout, bool kRaw>
+CABM_AVX512_BF16 void softmax_rows_of_kind(const float* s, int64_t lds, int64_t ni, int64_t nk16, const float* mask_in,
+                                           const float* z_in, float qscale, bf16* p, int64_t ldp, float* m, float* l,
+                                           float* alpha) {
+  const float* const mask = kMask ? mask_in : nullptr;
+  const float* const z = kDropout ? z_in : nullptr;
+  constexpr bool raw = kRaw;
   const __m512 qs = _mm512_set1_ps(qscale);
-  const bool raw = raw_row_max(mask, qscale);
   const auto mask_row = [&](int64_t r) { return mask ? mask + r * lds : nullptr; };
   __m512 lanes_max = row_max_lanes(s, mask_row(0), nk16, qs, raw);
   for (int64_t r = 0; r < ni; ++r) {
@@ -319,6 +325,24 @@ CABM_AVX512_BF16 inline void softmax_rows_avx512(const float* s, int64_t lds, in
     }
     finish_row(m_new, vsum, m[r], l[r], alpha[r]);
   }
+}
+
+CABM_AVX512_BF16 inline void softmax_rows_avx512(const float* s, int64_t lds, int64_t ni, int64_t nk16,
+                                                 const float* mask, const float* z, float qscale, bf16* p, int64_t ldp,
+                                                 float* m, float* l, float* alpha) {
+  if (ni <= 0) return;
+  const auto run = [&]<bool kMask, bool kRaw>() CABM_AVX512_BF16 {
+    if (z)
+      softmax_rows_of_kind<kMask, true, kRaw>(s, lds, ni, nk16, mask, z, qscale, p, ldp, m, l, alpha);
+    else
+      softmax_rows_of_kind<kMask, false, kRaw>(s, lds, ni, nk16, mask, z, qscale, p, ldp, m, l, alpha);
+  };
+  if (mask)
+    run.template operator()<true, false>();
+  else if (raw_row_max(mask, qscale))
+    run.template operator()<false, true>();
+  else
+    run.template operator()<false, false>();
 }
 
 // S = Q·Kᵀ and the row pass of the online softmax in one step for a tile of at most
