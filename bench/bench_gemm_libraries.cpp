@@ -7,9 +7,11 @@
 //   OMP_NUM_THREADS=2 build/release/bench/bench_gemm_libraries [rows E F [rounds]]   (default 4096 256 1024 5)
 //
 // All three see the same operands (64-byte aligned, natural leading dimensions). Each runs a
-// block of calls, then the program sleeps, so no thread left spinning by one run competes with
-// the next; blocks alternate, and the median call time of each is reported (GFLOP/s, 2·M·N·K per
-// call).
+// block of calls; blocks alternate, and the median call time of each is reported (GFLOP/s,
+// 2·M·N·K per call). All three run on libgomp's one pool of threads (OpenBLAS's OpenMP build), so
+// no library's threads spin beside another's. Blocks follow each other without the 50 ms pause
+// they once had: after it, on a two-vCPU VM, about one block in five ran with both threads on one
+// vCPU, 4-5× slower, which put some rows' medians at 0.2-0.3 of the faster library (session 29).
 #include "cabm/core/threads.h"
 #include "cabm/kernels/gemm.h"
 #include "cabm/kernels/gemm_route.h"
@@ -23,7 +25,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
-#include <thread>
 #include <vector>
 
 namespace {
@@ -84,7 +85,6 @@ int main(int argc, char** argv) {
     std::vector<double> times[3];
     for (int round = 0; round < rounds + 1; ++round) {
       for (int lib = 0; lib < 3; ++lib) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
         for (int call = 0; call < kCallsPerBlock; ++call) {
           const auto t0 = std::chrono::steady_clock::now();
           if (lib == 0)
