@@ -21,18 +21,8 @@ namespace {
 constexpr int kFailure = 1;  // the command was fine; running it failed
 constexpr int kUsage = 2;    // the command line was wrong
 
-// OpenMP threads that reach the end of a parallel region spin (libgomp: 300,000 polls) before
-// they sleep. When the cores are shared with other work, the spinning thread holds the core that
-// the thread it waits for needs, and a fork-join can cost a scheduler time slice. `cabm train`
-// (default model, 2 threads) on this 2-core VM, tokens/s (docs/training.md):
-//   spin polls          300,000 (default)   20,000   1,000    0 (OMP_WAIT_POLICY=passive)
-//   machine quiet       16,100–16,900        -       15,400–15,900    12,900–14,000
-//   load ~7 (builds)    626–980            1,570     3,038    3,539–4,208
-// 1,000 polls keeps 95% of the quiet speed and most of the gain under load. libgomp reads the
-// setting once, when it is loaded, so when the user has chosen none (neither GOMP_SPINCOUNT nor
-// OMP_WAIT_POLICY is set) cabm sets it and executes itself again, once.
-// Not when the user asks OpenMP to bind threads (openmp_binding_requested): by then libgomp has
-// bound this thread to its first place, the new image would inherit that one CPU and put every
+// Whether the user asks OpenMP to bind threads to places. libgomp then binds this thread to its
+// first place as it loads, and an image executed from here would inherit that one CPU and put every
 // thread on it (half the speed of `cabm bench attention` on two cores, Intel Xeon, session 29).
 bool openmp_binding_requested() {
   const char* bind = std::getenv("OMP_PROC_BIND");
@@ -44,6 +34,17 @@ bool openmp_binding_requested() {
   return false;
 }
 
+// OpenMP threads that reach the end of a parallel region spin (libgomp: 300,000 polls) before
+// they sleep. When the cores are shared with other work, the spinning thread holds the core that
+// the thread it waits for needs, and a fork-join can cost a scheduler time slice. `cabm train`
+// (default model, 2 threads) on this 2-core VM, tokens/s (docs/training.md):
+//   spin polls          300,000 (default)   20,000   1,000    0 (OMP_WAIT_POLICY=passive)
+//   machine quiet       16,100–16,900        -       15,400–15,900    12,900–14,000
+//   load ~7 (builds)    626–980            1,570     3,038    3,539–4,208
+// 1,000 polls keeps 95% of the quiet speed and most of the gain under load. libgomp reads the
+// setting once, when it is loaded, so when the user has chosen none (neither GOMP_SPINCOUNT nor
+// OMP_WAIT_POLICY is set) cabm sets it and executes itself again, once; not where threads are to
+// be bound (openmp_binding_requested).
 void limit_openmp_spinning(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr) return;
   if (openmp_binding_requested()) return;

@@ -10,7 +10,6 @@
 
 #include <cstdlib>
 #include <string>
-#include <vector>
 
 namespace cabm {
 namespace {
