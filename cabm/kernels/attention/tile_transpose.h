@@ -13,6 +13,7 @@
 #pragma once
 
 #include "cabm/core/dtype.h"
+#include "cabm/kernels/attention/flash_item.h"
 #include "cabm/kernels/simd.h"
 #include "cabm/kernels/unroll.h"
 
@@ -144,12 +145,7 @@ void transpose_scaled(const T* src, int64_t lds, int64_t rows, int64_t cols, flo
 #else
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < cols; ++j) {
-      float x;
-      if constexpr (std::is_same_v<T, float>) {
-        x = src[i * lds + j] * scale;
-      } else {
-        x = bf16_to_float(src[i * lds + j]) * scale;
-      }
+      const float x = ::cabm::flash::widen(src[i * lds + j]) * scale;
       dst[j * ldd + i] = kAdd ? dst[j * ldd + i] + x : x;
     }
   if constexpr (kPad) {
