@@ -98,16 +98,26 @@ void hf_run_batches(const HfEncoder& model, const std::vector<HfSequence>& seque
   };
 
   // One batch through the encoder, its outputs to `consume` and the progress (one stream at a
-  // time: the lock).
+  // time: the lock). Once a batch has failed no other batch's outputs are delivered: a failure of
+  // consume or progress is marked before the lock is let go, so another stream cannot deliver in
+  // the moment before the failing one records it (a descheduled stream once let the others
+  // deliver every remaining batch).
   std::mutex mutex;
+  std::atomic<bool> failed{false};
   int64_t done = 0;
   const auto run_batch = [&](int64_t k, HfEncoderCache& cache, std::vector<size_t>& indices) {
     const HfInputs in = batch_inputs(k, indices);
     const HfOutputs out = hf_outputs(model, hf_encoder_hidden(model, in, cache));
     const std::lock_guard<std::mutex> lock(mutex);
-    consume(indices, out);
-    done += static_cast<int64_t>(indices.size());
-    if (options.progress) options.progress(done, static_cast<int64_t>(n));
+    if (failed.load()) return;
+    try {
+      consume(indices, out);
+      done += static_cast<int64_t>(indices.size());
+      if (options.progress) options.progress(done, static_cast<int64_t>(n));
+    } catch (...) {
+      failed = true;
+      throw;
+    }
   };
 
   const int streams = hf_batch_streams(num_threads(), batches, options.streams);
@@ -123,7 +133,6 @@ void hf_run_batches(const HfEncoder& model, const std::vector<HfSequence>& seque
   // batches handed out one at a time in order, longest first, so the short ones at the end even
   // out the streams' loads.
   std::exception_ptr error;  // the first, under `mutex`
-  std::atomic<bool> failed{false};
 #pragma omp parallel num_threads(streams)
   {
     omp_set_num_threads(1);
