@@ -86,12 +86,14 @@ inline Vec copy_sign(Vec magnitude, Vec sign) {
                                                          _mm512_castps_si512(sign.v), 0xca))};
 }
 
-// No clamp before the polynomial: the lanes it would change (below −127, −inf: f is NaN there) are
-// the ones the final mask sets to 0 anyway.
+// No clamp before the polynomial: the lanes it would change (below −127, −inf: n is −inf there)
+// are the ones the final mask sets to 0 anyway. f = x − round(x) comes from vreduceps, exact, and
+// n = x − f, exactly round(x): the same n and f as vrndscaleps and a subtraction, for one vector
+// operation fewer on Intel (one Xeon core, session 30: 16 exponentials in 5.16 → 4.61 TSC cycles).
 template <int Degree>
 inline Vec exp2_by(Vec x, const float (&poly)[Degree]) {
-  const __m512 n = _mm512_roundscale_ps(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x.v, n);
+  const __m512 f = _mm512_reduce_ps(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 n = _mm512_sub_ps(x.v, f);
   __m512 p = _mm512_set1_ps(poly[0]);
   for (int c = 1; c < Degree; ++c) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(poly[c]));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));

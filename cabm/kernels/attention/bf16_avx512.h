@@ -221,8 +221,9 @@ CABM_AVX512_BF16 inline void pack_row_blocks_avx512(const bf16* src, int64_t str
 // the same operations, the same bits as detail::exp2_weight. For x <= 0 (−inf → 0).
 CABM_AVX512_BF16 inline __m512 exp2_weights(__m512 x) {
   // No clamp first: the lanes a clamp would change (below −127, −inf) are masked to 0 below.
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);
+  // f = x − round(x) by vreduceps and n = x − f, exactly round(x) (as simd.h's exp2_by).
+  const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 n = _mm512_sub_ps(x, f);
   __m512 y = _mm512_set1_ps(kExp2PPoly[0]);
   for (int c = 1; c < kExp2PDegree; ++c) y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(kExp2PPoly[c]));
   y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0f));
