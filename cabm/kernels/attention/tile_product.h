@@ -73,7 +73,10 @@ struct TileRef {  // C[r][l] = data[r · ld + l]
 // and GCC copied it there with a 16-byte load of two 8-byte stores just made, which the store
 // buffer cannot forward (about 2% of the AVX2 forward's time on a Zen 4, perf).
 template <int MR, int NV, Accum kMode>
-void block_kernel(int64_t K, const ScalarOperand& a, const VectorOperand& b, const TileRef& c, float* lanes) {
+void block_kernel(int64_t K, const ScalarOperand& a, const VectorOperand& b, const TileRef& c_ref, float* lanes) {
+  // A local copy: the vector stores below may alias anything, and through the reference GCC
+  // reloaded c's pointer and stride from memory before every one of them.
+  const TileRef c = c_ref;
   Vec acc[MR][NV];
   CABM_UNROLL
   for (int r = 0; r < MR; ++r) {
