@@ -223,9 +223,10 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionO
     CABM_CHECK(lse->dtype() == DType::F32 && lse->shape() == (Shape{p.B, p.H, p.N}) && lse->is_contiguous(),
                "lse must be a contiguous F32 [B, H, N] tensor, got {}", shape_str(lse->shape()));
   const TileMask mask(options.mask, p.B, p.H, p.N, p.M);
-  // K and V are packed head by head into contiguous rows. Heads are strided views (row stride H·d,
-  // or 3·H·d in a fused projection): the rows of one tile, a power-of-two multiple of 512 bytes
-  // apart, would fall into a few L1 sets and evict each other. Packing costs one pass over K and V.
+  // K and V are packed head by head: K into contiguous rows, V into panels (value_panel_floats).
+  // Heads are strided views (row stride H·d, or 3·H·d in a fused projection): the rows of one
+  // tile, a power-of-two multiple of 512 bytes apart, would fall into a few L1 sets and evict each
+  // other. Packing costs one pass over K and V.
   // Heads go in waves whose packed K and V fit in kPackBytes (all heads at once for training
   // shapes; one head at a time for long sequences), so the copy never grows with B·H·M. With GQA
   // a key/value head is packed once and read by the `group` query heads that share it.
