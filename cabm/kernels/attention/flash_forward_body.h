@@ -46,14 +46,14 @@ struct ForwardBuffers {
         koff(p.variants.slopes ? scratch(kKOff, p.block_k) : nullptr) {}
 };
 
-// V's packed head: its keys in panels of block_k, each panel transposed (dv rows of block_k
-// floats, the last panel's tail unused), so that the rows O += P·V broadcasts from (one value
-// dimension over the tile's keys) are contiguous. Packed as rows, each of the micro-kernel's k
-// steps read from a new 4·dv-byte row: one Xeon core (session 30, 64 queries against 4,096 keys,
-// K and V streaming from L3) ran P·V at 32–33 FMAs per TSC cycle at d 64 and 29–30 at d 128, with
-// panels at 34–35 at both.
-inline int64_t value_panel_floats(const Problem& p) {
-  return (p.M + p.block_k - 1) / p.block_k * p.block_k * p.dv;
+// V's packed head (M·dv floats): its keys in panels on the block_k grid, each panel transposed
+// (dv rows of its keys; the panel starting at key j0 holds panel_keys(p, j0) of them, block_k but
+// for the last), so that the rows O += P·V broadcasts from (one value dimension over the tile's
+// keys) are contiguous. Packed as rows, each of the micro-kernel's k steps read from a new
+// 4·dv-byte row: one Xeon core (session 30, 64 queries against 4,096 keys, K and V streaming from
+// L3) ran P·V at 32–33 FMAs per TSC cycle at d 64 and 29–30 at d 128, with panels at 34–35 at both.
+inline int64_t panel_keys(const Problem& p, int64_t j0) {
+  return std::min(p.block_k, p.M - j0);
 }
 
 struct ForwardArgs {
@@ -78,7 +78,7 @@ void forward_query_tile(const ForwardArgs& args, ForwardBuffers& buf, int64_t b,
   prefetch_rows_for_write(out.data + i0 * out.stride, out.stride, ni, p.dv);
   const int64_t packed = b * p.Hkv + h / p.group - args.first_head;
   const HeadRows k{const_cast<float*>(args.k) + packed * p.M * p.d, p.d};
-  const float* const vt = args.v + packed * value_panel_floats(p);
+  const float* const vt = args.v + packed * p.M * p.dv;
 
   // Qᵀ, pre-multiplied by scale·log2(e) so that the scores come out in base 2: exp2 is cheaper
   // (by the operand scale of the variants with them); lanes [ni, lanes) zero.
@@ -187,7 +187,8 @@ void forward_query_tile(const ForwardArgs& args, ForwardBuffers& buf, int64_t b,
     // Oᵀ = alpha ∘ Oᵀ + Vᵀ Pᵀ; the rescale only when some row's maximum grew.
     const Accum mode = first ? Accum::kOverwrite : grew ? Accum::kScaleAdd : Accum::kAdd;
     const int64_t panel = j0 / p.block_k * p.block_k;  // a tile never crosses panels (KeyTiles)
-    tile_product(p.dv, lanes, nk, {vt + panel * p.dv + (j0 - panel), p.block_k, 1}, {s, ld}, {o, ld}, mode, alpha);
+    tile_product(p.dv, lanes, nk, {vt + panel * p.dv + (j0 - panel), panel_keys(p, panel), 1}, {s, ld}, {o, ld}, mode,
+                 alpha);
     first = false;
   }
 
@@ -223,17 +224,17 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionO
     CABM_CHECK(lse->dtype() == DType::F32 && lse->shape() == (Shape{p.B, p.H, p.N}) && lse->is_contiguous(),
                "lse must be a contiguous F32 [B, H, N] tensor, got {}", shape_str(lse->shape()));
   const TileMask mask(options.mask, p.B, p.H, p.N, p.M);
-  // K and V are packed head by head: K into contiguous rows, V into panels (value_panel_floats).
+  // K and V are packed head by head: K into contiguous rows, V into panels (panel_keys).
   // Heads are strided views (row stride H·d, or 3·H·d in a fused projection): the rows of one
   // tile, a power-of-two multiple of 512 bytes apart, would fall into a few L1 sets and evict each
   // other. Packing costs one pass over K and V.
   // Heads go in waves whose packed K and V fit in kPackBytes (all heads at once for training
   // shapes; one head at a time for long sequences), so the copy never grows with B·H·M. With GQA
   // a key/value head is packed once and read by the `group` query heads that share it.
-  const int64_t heads = p.B * p.Hkv, v_floats = value_panel_floats(p), head_floats = p.M * p.d + v_floats;
+  const int64_t heads = p.B * p.Hkv, head_floats = p.M * (p.d + p.dv);
   const int64_t wave = std::clamp<int64_t>(kPackBytes / 4 / std::max<int64_t>(head_floats, 1), 1, heads);
   float* const k_packed = scratch(kPackedK, wave * p.M * p.d);
-  float* const v_packed = scratch(kPackedV, wave * v_floats);
+  float* const v_packed = scratch(kPackedV, wave * p.M * p.dv);
   for (int64_t first = 0; first < heads; first += wave) {
     const int64_t count = std::min(wave, heads - first);
 #pragma omp parallel for schedule(static)
@@ -241,11 +242,12 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionO
       const int64_t b = (first + n) / p.Hkv, hk = (first + n) % p.Hkv;
       const InputRows<T> ks = input_rows<T>(k, b, hk), vs = input_rows<T>(v, b, hk);
       float* kd = k_packed + n * p.M * p.d;
-      float* vd = v_packed + n * v_floats;
+      float* vd = v_packed + n * p.M * p.dv;
       for (int64_t j = 0; j < p.M; ++j) widen_row(ks.row(j), p.d, kd + j * p.d);
-      for (int64_t j0 = 0; j0 < p.M; j0 += p.block_k)
-        transpose_scaled<false>(vs.row(j0), vs.stride, std::min(p.block_k, p.M - j0), p.dv, 1.0f, vd + j0 * p.dv,
-                                p.block_k);
+      for (int64_t j0 = 0; j0 < p.M; j0 += p.block_k) {
+        const int64_t nj = panel_keys(p, j0);
+        transpose_scaled<false>(vs.row(j0), vs.stride, nj, p.dv, 1.0f, vd + j0 * p.dv, nj);
+      }
     }
     const ForwardArgs args{q, out, k_packed, v_packed, first, lse ? lse->data<float>() : nullptr, options, mask, p};
     // Query heads b·H + h of key/value heads [first, first + count): [first·group, (first + count)·group).
