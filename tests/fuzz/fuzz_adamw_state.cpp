@@ -4,23 +4,43 @@
 // parameters have the names and shapes of the file's exp_avg.* tensors (so a well-formed file
 // of any model reaches the value checks). A state that loads must be one AdamW can continue
 // from: a step in range, finite moments, v >= 0, |m| within Adam's moment bound
-// (|m| <= C·(sqrt(v) + eps), cabm/train/checkpoint.cpp), and one update leaves every weight
-// finite (before the bound, exp_avg 1e38 with exp_avg_sq 0 loaded and made the weights inf).
+// (|m| <= C·(sqrt(v) + eps), cabm/train/checkpoint.cpp: C from the looser of the run's betas and
+// the file's, none where either pair has none), and one update leaves every weight finite (before
+// the bound, exp_avg 1e38 with exp_avg_sq 0 loaded and made the weights inf).
 #include "cabm/io/safetensors.h"
 #include "cabm/train/adamw.h"
 #include "cabm/train/checkpoint.h"
 #include "cabm/train/train_config.h"
 #include "tests/fuzz/fuzz_util.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 namespace {
 
 using cabm::fuzz::invariant_failed;
 
+// The constant C of the bound for betas (b1, b2): twice (1 − b1)/√((1 − b2)(1 − b1²/b2)), 14.6 for
+// the defaults (0.9, 0.999); 0 where b1² >= b2 (no bound exists).
+double moment_bound(double b1, double b2) {
+  return b1 * b1 < b2 ? 2 * (1 - b1) / std::sqrt((1 - b2) * (1 - b1 * b1 / b2)) : 0.0;
+}
+
+// The bound a loaded state must obey: the looser of the run's and the file's (its metadata betas,
+// which a state that loaded holds as numbers in [0, 1) if at all); 0 for none.
+double loaded_bound(const cabm::SafetensorsFile& file, const cabm::AdamWConfig& run) {
+  const double c = moment_bound(run.beta1, run.beta2);
+  const std::string *b1 = file.find_metadata("beta1"), *b2 = file.find_metadata("beta2");
+  if (b1 == nullptr || b2 == nullptr || c == 0.0) return c;
+  const double c_file = moment_bound(std::strtod(b1->c_str(), nullptr), std::strtod(b2->c_str(), nullptr));
+  return c_file == 0.0 ? 0.0 : std::max(c, c_file);
+}
+
 void load_and_step(const cabm::SafetensorsFile& file, const cabm::NamedTensors& params) {
   cabm::AdamW opt = cabm::make_adamw(params, cabm::AdamWConfig{});
   cabm::load_adamw_state(file, opt);
+  const double bound = loaded_bound(file, opt.config);
   if (opt.step < 0 || opt.step > cabm::kMaxSteps) invariant_failed("a step out of range was accepted");
   for (size_t i = 0; i < opt.names.size(); ++i) {
     const float* m = opt.exp_avg[i].data<float>();
@@ -28,8 +48,7 @@ void load_and_step(const cabm::SafetensorsFile& file, const cabm::NamedTensors& 
     for (int64_t j = 0; j < opt.exp_avg[i].numel(); ++j) {
       if (!std::isfinite(m[j])) invariant_failed("a non-finite exp_avg was accepted");
       if (!std::isfinite(v[j]) || v[j] < 0.0f) invariant_failed("a negative or non-finite exp_avg_sq was accepted");
-      // 2 × 7.27 for the default betas (0.9, 0.999), eps 1e-8.
-      if (std::abs(m[j]) > 14.6 * (std::sqrt(static_cast<double>(v[j])) + 1e-8))
+      if (bound > 0.0 && std::abs(m[j]) > bound * (std::sqrt(static_cast<double>(v[j])) + opt.config.eps))
         invariant_failed("an exp_avg beyond Adam's moment bound was accepted");
     }
   }

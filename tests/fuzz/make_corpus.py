@@ -539,6 +539,12 @@ def corpus_adamw_state():
         "inf_exp_avg_sq": adamw_file(v=lambda n: [inf] * n),
         "negative_zero_exp_avg_sq": adamw_file(v=lambda n: [-0.0] * n),
         "huge_exp_avg": adamw_file(m=lambda n: [3e38] * n, v=lambda n: [0.0] * n),
+        # The file's betas bound the state when looser than the run's: (0.9, 0.9999) allow
+        # |m| <= 45.9·(√v + eps), the defaults 14.6; with β1² >= β2 there is no bound at all.
+        "looser_file_betas": adamw_file(m=lambda n: [0.3] * n, v=lambda n: [1e-4] * n,
+                                        meta={"beta2": "0.9999"}),
+        "unbounded_file_betas": adamw_file(m=lambda n: [1e20] * n, v=lambda n: [1e-4] * n,
+                                           meta={"beta2": "0.5"}),
         "bf16_moments": adamw_file(dtype="BF16"),
         "missing_exp_avg_sq": adamw_file(drop=("exp_avg_sq.l.bias",)),
         "extra_tensor": adamw_file(extra={"exp_avg_sq.l.other": f32([2])}),
