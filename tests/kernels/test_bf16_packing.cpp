@@ -3,7 +3,9 @@
 // padded sizes each kernel uses (the AMX forward's, d rounded up to 32, runs here whatever the CPU
 // has), odd widths, strided heads and every head of a GQA layout, with each K packer the CPU
 // runs (portable, AVX-512 transposes); the padding must be zero. And
-// the per-thread storage they are packed into: aligned, K and V apart, reused.
+// the per-thread storage they are packed into: aligned, K and V apart, reused; and the kernels'
+// cache-line aligned vectors (kernels/aligned_vector.h).
+#include "cabm/kernels/aligned_vector.h"
 #include "cabm/kernels/attention/bf16_avx512.h"
 #include "cabm/kernels/attention/bf16_packing.h"
 #include "cabm/kernels/bf16.h"
@@ -140,6 +142,28 @@ TEST(Bf16Packing, StorageIsAlignedSeparateAndReused) {
   std::fill_n(large.v, 1 << 19, bf16{4});
   EXPECT_EQ(large.k[(1 << 20) - 1].bits, 3);
   EXPECT_EQ(large.v[(1 << 19) - 1].bits, 4);
+}
+
+// The kernels' per-thread tiles (detail::AlignedVector) start on a cache line whatever the size,
+// after every regrowth, for 2- and 4-byte elements alike: glibc's malloc gives 16-byte alignment,
+// which the first sizes below would hit at 16, 32 or 48 bytes into a line.
+TEST(Bf16Packing, AlignedVectorStartsOnACacheLine) {
+  detail::AlignedVector<float> f;
+  detail::AlignedVector<bf16> h;
+  std::vector<char> spacer;  // other allocations in between, so that the heap is not fresh
+  for (size_t n : {1, 3, 17, 100, 1000, 4096, 24576, 40000, 100000, 7, 300000}) {
+    spacer.resize(spacer.size() + n % 48 + 1);
+    f.assign(n, 1.5f);
+    h.assign(n, bf16{7});
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(f.data()) % 64, 0u) << n;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(h.data()) % 64, 0u) << n;
+    EXPECT_EQ(f[n - 1], 1.5f);
+    EXPECT_EQ(h[n - 1].bits, 7);
+    detail::AlignedVector<float> copy = f;  // copies and moves keep the allocator
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(copy.data()) % 64, 0u) << n;
+    const detail::AlignedVector<float> moved = std::move(copy);
+    EXPECT_EQ(moved.size(), n);
+  }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include "cabm/kernels/attention/flash_detail.h"
 #include "cabm/kernels/attention/tile_mask.h"
 
+#include "cabm/kernels/aligned_vector.h"
 #include "cabm/kernels/bf16.h"
 #include "cabm/kernels/cpu_isa.h"
 #include "cabm/kernels/exp2_poly.h"
@@ -148,11 +149,13 @@ void softmax_rows_portable(float* s, int64_t lds, int64_t ni, int64_t nk16, cons
 // stale, finite values: the AMX products compute them and nothing reads the results.
 struct Buffers {
   int64_t rows = 0, lds = 0, ldo = 0;
-  std::vector<bf16> q, p;          // [rows][dp], [rows][lds]
-  std::vector<float> s, mask, z;   // [rows][lds]
-  std::vector<float> o;            // [rows][ldo]
-  std::vector<float> m, l, alpha;  // [rows]
-  std::vector<int64_t> kpos;       // [lds]: the tile's key positions (ALiBi)
+  // 64-byte aligned (detail::AlignedVector): the AMX tiles' rows and the zmm loads each stay
+  // within one cache line.
+  detail::AlignedVector<bf16> q, p;          // [rows][dp], [rows][lds]
+  detail::AlignedVector<float> s, mask, z;   // [rows][lds]
+  detail::AlignedVector<float> o;            // [rows][ldo]
+  detail::AlignedVector<float> m, l, alpha;  // [rows]
+  std::vector<int64_t> kpos;                 // [lds]: the tile's key positions (ALiBi)
   // Sized for pr and zeroed, as fresh vectors would be, in the storage the thread already has
   // (thread_buffers): a first-touched page costs more than clearing it again.
   void reset(const Problem& pr) {

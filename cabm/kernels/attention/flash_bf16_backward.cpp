@@ -23,6 +23,7 @@
 #include "cabm/kernels/attention/flash_bf16_backward.h"
 
 #include "cabm/core/error.h"
+#include "cabm/kernels/aligned_vector.h"
 #include "cabm/kernels/attention/amx_tile_gemm.h"
 #include "cabm/kernels/attention/bf16_avx512.h"
 #include "cabm/kernels/attention/bf16_packing.h"
@@ -155,9 +156,11 @@ struct Problem {
 // pairs of keys [bk_in/2][dqp][2], the dKᵀ and dVᵀ accumulators [dqp|dvp][bk16]. Per tile pair: S,
 // dP, the mask and dropout rows [bq_rows][bk16], dS [bq_rows][bk_in] in bf16 (A of dQ), and P∘z and
 // dS as pairs of query rows [bq_in/2][bk16][2] (B of dVᵀ and dKᵀ).
+// All 64-byte aligned (detail::AlignedVector): the AMX tiles' rows and the zmm loads each stay
+// within one cache line where the row strides allow it.
 struct Buffers {
-  std::vector<bf16> q, g, qt, gt, kblocks, vblocks, kpairs, ds, pz_pairs, ds_pairs;
-  std::vector<float> lse2, delta, dq, dkt, dvt, s, dpp, mask, z;
+  AlignedVector<bf16> q, g, qt, gt, kblocks, vblocks, kpairs, ds, pz_pairs, ds_pairs;
+  AlignedVector<float> lse2, delta, dq, dkt, dvt, s, dpp, mask, z;
   int64_t lds = 0, ldds = 0;
   RowPrefetch prefetch;  // the rows of the thread's next item (run)
   // Sized for p and zeroed, as fresh vectors would be, in the storage the thread already has
