@@ -64,11 +64,8 @@ Paired time_paired(int64_t repeats, const std::function<void()>& fp32, const std
 }
 
 void print_paths() {
-  const bf16 one{0x3f80};
-  const MatrixRefBf16 probe{&one, 1, 1, 1};
-  std::printf("bf16 paths: conversions %s, gemm_bf16 %s, attention forward %s, backward %s\n", bf16_conversion_path_name(),
-              gemm_bf16_implementation(probe, probe, 1).c_str(), attention_flash_bf16_path(),
-              attention_flash_bf16_backward_path());
+  std::printf("bf16 paths: conversions %s, attention forward %s, backward %s\n", bf16_conversion_path_name(),
+              attention_flash_bf16_path(), attention_flash_bf16_backward_path());
 }
 
 void print_row(const char* what, const Paired& t, double tokens) {
@@ -167,6 +164,7 @@ void bench_layer(const LayerFlags& f) {
   print_row("forward+backward", both, tokens);
   std::printf("output ||bf16 - fp32|| / ||fp32|| = %.2e (bf16 unit roundoff 2^-8 = %.2e)\n", diff, std::ldexp(1.0, -8));
   std::printf("%s\n", gemm_route_summary().c_str());
+  std::printf("gemm_bf16 ran on: %s\n", gemm_bf16_implementations_used().c_str());
   std::printf("(bf16 speed = fp32 time / bf16 time, medians of %lld alternating calls each)\n",
               static_cast<long long>(f.repeats));
 }
@@ -228,6 +226,7 @@ void bench_train(const TrainBenchFlags& f) {
   std::printf("(bf16 speed = fp32 time / bf16 time, medians of %lld alternating steps each)\n",
               static_cast<long long>(f.steps));
   std::printf("%s\n", gemm_route_summary().c_str());
+  std::printf("gemm_bf16 ran on: %s\n", gemm_bf16_implementations_used().c_str());
 }
 
 }  // namespace

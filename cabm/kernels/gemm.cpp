@@ -164,6 +164,21 @@ class Bf16PlanCache {
     return plan;
   }
 
+  // Each implementation of the cached plans with how many shapes run on it, most shapes first.
+  std::vector<std::pair<std::string, int>> implementations() {
+    std::vector<std::pair<std::string, int>> out;
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& p : plans_) {
+      auto it = std::find_if(out.begin(), out.end(), [&](const auto& e) { return e.first == p->impl; });
+      if (it == out.end())
+        out.emplace_back(p->impl, 1);
+      else
+        ++it->second;
+    }
+    std::stable_sort(out.begin(), out.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
+    return out;
+  }
+
  private:
   static Bf16Plan create(const Bf16Key& k) {
     using dt = dnnl::memory::data_type;
@@ -275,6 +290,13 @@ std::string gemm_bf16_implementation(const MatrixRefBf16& a, const MatrixRefBf16
   if (a.rows == 0 || b.cols == 0 || a.cols == 0) return "none (empty)";
   if (bf16_active_isa() == Bf16Isa::kPortable && cpu_has_avx512_bf16()) return kFallbackName;
   return plan_cache().get(make_key(a, b, ldc, 1.0f, 0.0f, false))->impl;
+}
+
+std::string gemm_bf16_implementations_used() {
+  std::string out;
+  for (const auto& [impl, shapes] : plan_cache().implementations())
+    out += (out.empty() ? "" : ", ") + impl + " (" + std::to_string(shapes) + (shapes == 1 ? " shape)" : " shapes)");
+  return out.empty() ? "none yet" : out;
 }
 
 void gemm_bf16_reference(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha, float beta,

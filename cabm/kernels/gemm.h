@@ -56,6 +56,12 @@ void gemm_bf16(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t
 // ...), or "fp32 sgemm (converted)" for the fallback. For benchmarks and logs.
 std::string gemm_bf16_implementation(const MatrixRefBf16& a, const MatrixRefBf16& b, int64_t ldc);
 
+// What gemm_bf16 has run in this process (the products it keeps a primitive for, at most the 64
+// most recent shapes): "brg:avx512_core_amx_bf16 (27 shapes)", several implementations most shapes
+// first, or "none yet". oneDNN picks per shape (on an AMX Xeon a 1 × 1 product takes
+// avx512_core_bf16 and training's products AMX), so benchmarks print this after their runs.
+std::string gemm_bf16_implementations_used();
+
 // The oracle: gemm_reference on the operands converted to fp32 (exact), double accumulation, then
 // the bias added.
 void gemm_bf16_reference(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha = 1.0f,

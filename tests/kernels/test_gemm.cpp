@@ -15,8 +15,10 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <random>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -247,6 +249,45 @@ TEST(GemmBf16, MatchesReferenceOnRoundedInputs) {
   const MatrixRefBf16 probe{nullptr, 64, 64, 64}, probe_b{nullptr, 64, 64, 64};
   std::cout << "gemm_bf16 implementation: " << gemm_bf16_implementation(probe, probe_b, 64) << "\n";
   run_bf16_cases("auto");
+}
+
+// The summary of what ran names each implementation the cached products use, with the count of
+// shapes on it; a new shape adds one to its implementation's count while the cache (64 shapes)
+// has room, and the counts never add up to more than it holds.
+TEST(GemmBf16, ImplementationsUsedCountsTheShapesThatRan) {
+  // Implementation names may hold parentheses themselves ("fp32 sgemm (converted)").
+  const std::regex entry(R"((.*?) \((\d+) shapes?\)(, |$))");
+  const auto counts = [&](const std::string& summary) {
+    std::map<std::string, int> out;
+    for (std::sregex_iterator it(summary.begin(), summary.end(), entry), end; it != end; ++it)
+      out[(*it)[1]] = std::stoi((*it)[2]);
+    return out;
+  };
+  const auto shapes_on = [&](const std::string& summary, const std::string& impl) { return counts(summary)[impl]; };
+  const auto total = [&](const std::string& summary) {
+    int sum = 0;
+    for (const auto& [name, n] : counts(summary)) sum += n;
+    return sum;
+  };
+  EXPECT_EQ(shapes_on("fp32 sgemm (converted) (3 shapes), x (1 shape)", "fp32 sgemm (converted)"), 3);
+  EXPECT_EQ(total("fp32 sgemm (converted) (3 shapes), x (1 shape)"), 4);
+  std::vector<bf16> a(37 * 29, bf16{0x3f80}), b(29 * 41, bf16{0x3f80});
+  std::vector<float> c(37 * 41);
+  const MatrixRefBf16 ma{a.data(), 37, 29, 29}, mb{b.data(), 29, 41, 41};
+  gemm_bf16(ma, mb, c.data(), 41, 1.0f, 0.0f);
+  EXPECT_EQ(c[0], 29.0f);
+  const std::string impl = gemm_bf16_implementation(ma, mb, 41), after = gemm_bf16_implementations_used();
+  std::cout << "gemm_bf16 ran on: " << after << "\n";
+  EXPECT_GE(shapes_on(after, impl), 1) << after;
+  EXPECT_LE(total(after), 64) << after;
+  gemm_bf16(ma, mb, c.data(), 41, 0.5f, 0.0f);  // alpha is part of the key: a new shape
+  EXPECT_EQ(c[0], 14.5f);
+  const std::string again = gemm_bf16_implementations_used();
+  EXPECT_LE(total(again), 64) << again;
+  if (total(after) < 64) {
+    EXPECT_EQ(total(again), total(after) + 1) << after << " then " << again;
+    EXPECT_EQ(shapes_on(again, impl), shapes_on(after, impl) + 1) << after << " then " << again;
+  }
 }
 
 TEST(GemmBf16, ForcedPortableAndThreadCounts) {
