@@ -11,6 +11,7 @@
 //
 // Times are the best of 7 rounds (the machine may be shared); GFLOP/s count 2·rows·keys·d per
 // product, and the whole tile's count both.
+#include "cabm/kernels/aligned_vector.h"
 #include "cabm/kernels/attention/amx_tile_gemm.h"
 #include "cabm/kernels/attention/flash_amx.h"
 #include "cabm/kernels/bf16.h"
@@ -64,10 +65,11 @@ CABM_AMX double loop_gflops(int64_t iterations) {
 // Buffers of one tile in the layouts of attention/flash_amx.h, filled with small finite values.
 struct TileData {
   int64_t rows16, lds;
-  std::vector<bf16> q, k, v, p;
-  std::vector<float> s, o, m, l, alpha;
+  // 64-byte aligned, as the kernel's (before session 31 neither was, and both ran slower).
+  AlignedVector<bf16> q, k, v, p;
+  AlignedVector<float> s, o, m, l, alpha;
   TileData(int64_t d, int64_t ni, int64_t nk) : rows16((ni + 15) / 16 * 16), lds((nk + 31) / 32 * 32) {
-    const auto fill = [](std::vector<bf16>& x, int64_t n, int period) {
+    const auto fill = [](AlignedVector<bf16>& x, int64_t n, int period) {
       x.resize(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i) x[static_cast<size_t>(i)] = float_to_bf16(0.01f * static_cast<float>(i % period));
     };
