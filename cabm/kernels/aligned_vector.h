@@ -4,8 +4,9 @@
 // Why: glibc's malloc aligns to 16 bytes, so a std::vector<float> of tile rows starts at 16, 32 or
 // 48 bytes into a line as often as at 0, and then every 64-byte row of an AMX tile load or store
 // and every zmm load touches two lines. The bf16 attention kernels keep their per-thread tiles
-// (S, P, O, Q, the mask) in such vectors; with them aligned, the AMX forward at N 4096, d 64 ran
-// faster on an Intel Xeon (docs/amx_attention.md, session 31).
+// (S, P, O, Q, the mask; every buffer of the backward) in such vectors; aligned, the AMX backward
+// ran 1.4–1.8× and the AMX forward 5–10% faster on an Intel Xeon at N 4096 (docs/amx_attention.md,
+// session 31).
 #pragma once
 
 #include <cstddef>

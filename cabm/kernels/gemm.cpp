@@ -10,6 +10,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <limits>
@@ -215,6 +216,10 @@ class Bf16PlanCache {
   std::vector<std::shared_ptr<const Bf16Plan>> plans_;
 };
 
+// Products that took the converted fallback because portable was forced: they make no plan, so
+// gemm_bf16_implementations_used counts them here.
+std::atomic<int64_t> g_forced_portable_products{0};
+
 Bf16PlanCache& plan_cache() {
   static Bf16PlanCache cache;
   return cache;
@@ -264,8 +269,10 @@ void gemm_bf16(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t
       for (int64_t j = 0; j < N; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
   }
-  if (bf16_active_isa() == Bf16Isa::kPortable && cpu_has_avx512_bf16())
-    return gemm_bf16_via_f32(a, b, c, ldc, alpha, beta, bias);  // forced portable (tests, comparisons)
+  if (bf16_active_isa() == Bf16Isa::kPortable && cpu_has_avx512_bf16()) {  // forced portable (tests, comparisons)
+    g_forced_portable_products.fetch_add(1, std::memory_order_relaxed);
+    return gemm_bf16_via_f32(a, b, c, ldc, alpha, beta, bias);
+  }
   const auto plan = plan_cache().get(make_key(a, b, ldc, alpha, beta, bias != nullptr));
   if (plan->reference) return gemm_bf16_via_f32(a, b, c, ldc, alpha, beta, bias);
   const dnnl::engine& engine = cpu_engine();
@@ -296,6 +303,9 @@ std::string gemm_bf16_implementations_used() {
   std::string out;
   for (const auto& [impl, shapes] : plan_cache().implementations())
     out += (out.empty() ? "" : ", ") + impl + " (" + std::to_string(shapes) + (shapes == 1 ? " shape)" : " shapes)");
+  if (const int64_t forced = g_forced_portable_products.load(std::memory_order_relaxed); forced > 0)
+    out += (out.empty() ? "" : ", ") + std::string(kFallbackName) + ", portable forced (" + std::to_string(forced) +
+           (forced == 1 ? " product)" : " products)");
   return out.empty() ? "none yet" : out;
 }
 

@@ -58,7 +58,8 @@ std::string gemm_bf16_implementation(const MatrixRefBf16& a, const MatrixRefBf16
 
 // What gemm_bf16 has run in this process (the products it keeps a primitive for, at most the 64
 // most recent shapes): "brg:avx512_core_amx_bf16 (27 shapes)", several implementations most shapes
-// first, or "none yet". oneDNN picks per shape (on an AMX Xeon a 1 × 1 product takes
+// first, then "fp32 sgemm (converted), portable forced (N products)" if products ran while portable
+// was forced; or "none yet". oneDNN picks per shape (on an AMX Xeon a 1 × 1 product takes
 // avx512_core_bf16 and training's products AMX), so benchmarks print this after their runs.
 std::string gemm_bf16_implementations_used();
 

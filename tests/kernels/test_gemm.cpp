@@ -292,6 +292,20 @@ TEST(GemmBf16, ImplementationsUsedCountsTheShapesThatRan) {
 
 TEST(GemmBf16, ForcedPortableAndThreadCounts) {
   set_bf16_isa_override(Bf16Isa::kPortable);
+  if (cpu_has_avx512_bf16()) {  // products under forced portable make no plan: counted apart
+    std::vector<bf16> a(6, bf16{0x3f80}), b(6, bf16{0x3f80});
+    std::vector<float> c(4);
+    const MatrixRefBf16 ma{a.data(), 2, 3, 3}, mb{b.data(), 3, 2, 2};
+    const auto forced_count = [] {
+      const std::string used = gemm_bf16_implementations_used(), tag = "portable forced (";
+      const size_t at = used.find(tag);
+      return at == std::string::npos ? 0 : std::stoi(used.substr(at + tag.size()));
+    };
+    const int before = forced_count();
+    gemm_bf16(ma, mb, c.data(), 2);
+    EXPECT_EQ(c[3], 3.0f);
+    EXPECT_EQ(forced_count(), before + 1) << gemm_bf16_implementations_used();
+  }
   for (int threads : {1, 2}) {
     test::ScopedThreads scoped(threads);
     run_bf16_cases("portable, threads " + std::to_string(threads));
