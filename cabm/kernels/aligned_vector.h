@@ -25,7 +25,8 @@ struct CacheLineAllocator {
   CacheLineAllocator(const CacheLineAllocator<U>&) noexcept {}  // NOLINT: rebinding, as std::allocator
 
   T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlignment)); }
-  void deallocate(T* p, size_t n) noexcept { ::operator delete(p, n * sizeof(T), kAlignment); }
+  // The unsized form: clang declares the sized one only with -fsized-deallocation.
+  void deallocate(T* p, size_t) noexcept { ::operator delete(p, kAlignment); }
 
   template <class U>
   bool operator==(const CacheLineAllocator<U>&) const noexcept {
