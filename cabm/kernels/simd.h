@@ -37,9 +37,9 @@
 
 namespace cabm::CABM_SIMD_NS {
 
-// exp2(x) = 2^n · 2^f with n = round(x), f = x − n ∈ [−½, ½]; 2^f by a polynomial of
-// exp2_poly.h (exp2_nonpositive: Cephes' exp2f, relative error < 2e-7 on [−½, ½]; exp2_weights:
-// the bf16 kernels' weights, below the flavours). For x <= 0, the only arguments
+// exp2(x) = 2^n · 2^f with n = floor(x), f = x − n ∈ [0, 1); 2^f by a polynomial of exp2_poly.h
+// (exp2_nonpositive: relative error < 1e-7; exp2_weights: the bf16 kernels' weights, below the
+// flavours). For x <= 0, the only arguments
 // the kernels need (scores minus their running maximum); small positive x still work (up to 127),
 // and callers that cannot rule out larger ones clamp first (simd::min(x, 0)). Everything below
 // 2^−126 (−inf included) gives exactly 0, so masked scores contribute nothing.
@@ -86,19 +86,22 @@ inline Vec copy_sign(Vec magnitude, Vec sign) {
                                                          _mm512_castps_si512(sign.v), 0xca))};
 }
 
-// No clamp before the polynomial: the lanes it would change (below −127, −inf: n is −inf there)
-// are the ones the final mask sets to 0 anyway. f = x − round(x) comes from vreduceps, exact, and
-// n = x − f, exactly round(x): the same n and f as vrndscaleps and a subtraction, for one vector
-// operation fewer on Intel (one Xeon core, session 30: 16 exponentials in 5.16 → 4.61 TSC cycles).
-template <int Degree>
+// No clamp before the polynomial: the lanes it would change (below −127, −inf) are the ones the
+// final mask sets to 0 anyway. f = x − floor(x) comes from one vreduceps, exact, and vscalefps
+// multiplies by 2^floor(x) itself, so n is never formed. (Intel Xeon, one core: 16 exponentials
+// took 5.16 TSC cycles with vrndscaleps and a subtraction for f, 4.61 with vreduceps and a
+// subtraction for n, session 30; without that subtraction the bf16 row pass of a 32 × 768 tile at
+// d 64, bench_amx_tile's "rest", went from 4.44–4.48 to 4.22–4.27 µs, session 32.)
+// vreduceps rounds x − floor(x) down where it is inexact (x in (−½, 0) with bits below 2^−24),
+// so f is that rounding for every Degree; the other flavours reproduce it where asked (kFloorDown).
+template <int Degree, bool kFloorDown>
 inline Vec exp2_by(Vec x, const float (&poly)[Degree]) {
-  const __m512 f = _mm512_reduce_ps(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 n = _mm512_sub_ps(x.v, f);
+  const __m512 f = _mm512_reduce_ps(x.v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
   __m512 p = _mm512_set1_ps(poly[0]);
   for (int c = 1; c < Degree; ++c) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(poly[c]));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
   const __mmask16 live = _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(kExp2Min), _CMP_GE_OQ);
-  return {_mm512_maskz_scalef_ps(live, p, n)};
+  return {_mm512_maskz_scalef_ps(live, p, x.v)};
 }
 
 // kWidth bf16 values (their bits) widened to fp32: the bits moved to the upper half, exactly.
@@ -166,10 +169,17 @@ inline Vec copy_sign(Vec magnitude, Vec sign) {
 }
 
 // No clamp before the polynomial (as the AVX-512 flavour): lanes below −126 are masked to 0.
-template <int Degree>
+// kFloorDown: f rounded down as AVX-512's vreduceps rounds it (the bf16 weights, which every path
+// computes bit for bit alike): f + n is exact but where f was rounded, and above x where it went
+// up; one float down then (adding −1, the compare's all-ones, to the bits of a positive f).
+template <int Degree, bool kFloorDown>
 inline Vec exp2_by(Vec x, const float (&poly)[Degree]) {
-  const __m256 n = _mm256_round_ps(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 f = _mm256_sub_ps(x.v, n);
+  const __m256 n = _mm256_round_ps(x.v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m256 f = _mm256_sub_ps(x.v, n);
+  if constexpr (kFloorDown) {
+    const __m256 up = _mm256_cmp_ps(_mm256_add_ps(f, n), x.v, _CMP_GT_OQ);
+    f = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(f), _mm256_castps_si256(up)));
+  }
   __m256 p = _mm256_set1_ps(poly[0]);
   for (int c = 1; c < Degree; ++c) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(poly[c]));
   p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
@@ -269,16 +279,24 @@ inline bool all_equal(Vec a, Vec b) {
   for (int l = 0; l < kWidth; ++l) all &= a.v[l] == b.v[l];
   return all;
 }
-template <int Degree>
+template <int Degree, bool kFloorDown>
 inline Vec exp2_by(Vec x, const float (&poly)[Degree]) {
   Vec r;
   for (int l = 0; l < kWidth; ++l) {
     // NaN takes the clamp too (the comparison is false): converting a NaN n to int32 is undefined
     // behaviour, and the lane is masked to 0 below anyway (tanh of NaN reaches here).
     const float xc = x.v[l] >= -127.0f ? x.v[l] : -127.0f;
-    // Round to nearest by the 1.5·2^23 trick (exact for |x| < 2^22), which vectorises without SSE4.1.
-    const float n = (xc + 12582912.0f) - 12582912.0f;
-    const float f = xc - n;
+    // floor: round to nearest by the 1.5·2^23 trick (exact for |x| < 2^22), one less where that
+    // went up; vectorises without SSE4.1.
+    const float near = (xc + 12582912.0f) - 12582912.0f;
+    const float n = near > xc ? near - 1.0f : near;
+    float f = xc - n;
+    if (kFloorDown && f + n > xc) {  // as the AVX2 flavour
+      int32_t fb;
+      std::memcpy(&fb, &f, sizeof fb);
+      --fb;
+      std::memcpy(&f, &fb, sizeof fb);
+    }
     float p = poly[0];
     for (int c = 1; c < Degree; ++c) p = p * f + poly[c];
     p = p * f + 1.0f;
@@ -327,10 +345,10 @@ inline Vec round_to_bf16(Vec x) {
 // kExp2PPoly for the weights P of the bf16 kernels, which round P to bf16 next (exp2_weights: the
 // same operations as detail::exp2_weight and the avx512_bf16 paths' exp2_weights).
 inline Vec exp2_nonpositive(Vec x) {
-  return exp2_by(x, kExp2Poly);
+  return exp2_by<detail::kExp2Degree, false>(x, kExp2Poly);
 }
 inline Vec exp2_weights(Vec x) {
-  return exp2_by(x, detail::kExp2PPoly);
+  return exp2_by<detail::kExp2PDegree, true>(x, detail::kExp2PPoly);
 }
 
 // tanh(x) in two pieces, as Cephes' tanhf, both accurate to a few float ulps relative (the test

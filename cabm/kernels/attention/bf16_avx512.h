@@ -221,14 +221,13 @@ CABM_AVX512_BF16 inline void pack_row_blocks_avx512(const bf16* src, int64_t str
 // the same operations, the same bits as detail::exp2_weight. For x <= 0 (−inf → 0).
 CABM_AVX512_BF16 inline __m512 exp2_weights(__m512 x) {
   // No clamp first: the lanes a clamp would change (below −127, −inf) are masked to 0 below.
-  // f = x − round(x) by vreduceps and n = x − f, exactly round(x) (as simd.h's exp2_by).
-  const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 n = _mm512_sub_ps(x, f);
+  // f = x − floor(x) by vreduceps; vscalefps scales by 2^floor(x) itself (as simd.h's exp2_by).
+  const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
   __m512 y = _mm512_set1_ps(kExp2PPoly[0]);
   for (int c = 1; c < kExp2PDegree; ++c) y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(kExp2PPoly[c]));
   y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0f));
   const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExp2Min), _CMP_GE_OQ);
-  return _mm512_maskz_scalef_ps(live, y, n);
+  return _mm512_maskz_scalef_ps(live, y, x);
 }
 
 // The row pass's two uses of 16 scores s (mask16: the tile's mask at those scores, or null).
