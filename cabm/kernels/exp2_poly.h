@@ -5,7 +5,8 @@
 //
 // exp2(x) = 2^n · 2^f with n = floor(x), f = x − n ∈ [0, 1); 2^f by a degree-6 polynomial,
 // Horner from kExp2Poly[0], then · f + 1 (relative error 6.6e-8 over every float f in [0, 1),
-// evaluated in fp32 with FMAs). Everything below 2^kExp2Min (−inf included) gives exactly 0.
+// evaluated in fp32 with FMAs; 8.4e-8 over every float x in [−3, 0) as AVX-512 computes it, f
+// rounded down where x − n is inexact). Everything below 2^kExp2Min (−inf included) gives exactly 0.
 // Floor rather than round-to-nearest (f ∈ [−½, ½], Cephes' exp2f, until session 32): AVX-512's
 // vscalefps multiplies by 2^floor(x) itself, so its path takes f from one vreduceps and never
 // forms n, one vector operation fewer per exponential (simd.h); every path follows, so that they
@@ -30,7 +31,9 @@ inline constexpr float kExp2Min = -126.0f;
 
 inline constexpr int kExp2PDegree = 4;
 inline constexpr float kExp2PPoly[kExp2PDegree] = {1.342668427e-2f, 5.224247422e-2f, 2.412802048e-1f, 6.930448449e-1f};
-inline constexpr double kExp2PRelError = 3.0e-6;  // max |poly/2^f − 1| on [0, 1): 2.955e-6, fp32 Horner
+// max |exp2_weight(x)/2^x − 1|: 2.955e-6 from the polynomial over every float f in [0, 1) (fp32
+// Horner), 2.974e-6 over every float x in [−3, 0) with f rounded down where inexact.
+inline constexpr double kExp2PRelError = 3.0e-6;
 
 // One softmax weight 2^x by kExp2PPoly: the vector paths' operations (n = floor(x), f = x − n
 // rounded down where inexact as AVX-512's vreduceps rounds it, Horner by FMA, times 2^n, 0 below

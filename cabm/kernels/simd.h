@@ -87,13 +87,14 @@ inline Vec copy_sign(Vec magnitude, Vec sign) {
 }
 
 // No clamp before the polynomial: the lanes it would change (below −127, −inf) are the ones the
-// final mask sets to 0 anyway. f = x − floor(x) comes from one vreduceps, exact, and vscalefps
+// final mask sets to 0 anyway. f = x − floor(x) comes from one vreduceps and vscalefps
 // multiplies by 2^floor(x) itself, so n is never formed. (Intel Xeon, one core: 16 exponentials
 // took 5.16 TSC cycles with vrndscaleps and a subtraction for f, 4.61 with vreduceps and a
 // subtraction for n, session 30; without that subtraction the bf16 row pass of a 32 × 768 tile at
 // d 64, bench_amx_tile's "rest", went from 4.44–4.48 to 4.22–4.27 µs, session 32.)
-// vreduceps rounds x − floor(x) down where it is inexact (x in (−½, 0) with bits below 2^−24),
-// so f is that rounding for every Degree; the other flavours reproduce it where asked (kFloorDown).
+// vreduceps rounds x − floor(x) down where it is inexact (x in (−½, 0) with bits below 2^−24,
+// 2^−24 at most, which adds up to 4e-8 to the relative error), so f is that rounding for every
+// Degree; the other flavours reproduce it where asked (kFloorDown).
 template <int Degree, bool kFloorDown>
 inline Vec exp2_by(Vec x, const float (&poly)[Degree]) {
   const __m512 f = _mm512_reduce_ps(x.v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);

@@ -2,13 +2,15 @@
 // polynomial): the scalar detail::exp2_weight within kExp2PRelError of 2^x over the range P takes,
 // exact at integers, 0 below 2^kExp2Min and at −inf; the vector exp2_weights of
 // attention/bf16_avx512.h and simd.h's (the flavour this file is built for: AVX-512 or AVX2 with
-// -march=native, which the fp32 SIMD tiles' bf16 forward uses) bit for bit equal to it, so that
-// every path rounds the same P to bf16. The bounds of test_attention_flash_bf16(_backward) count
+// -march=native, which the fp32 SIMD tiles' bf16 forward uses; the AVX2 set whatever the build:
+// test_exp2_weights_avx2) bit for bit equal to it, so that every path rounds the same P to bf16.
+// The bounds of test_attention_flash_bf16(_backward) count
 // on kExp2PRelError.
 #include "cabm/kernels/attention/bf16_avx512.h"
 #include "cabm/kernels/bf16.h"
 #include "cabm/kernels/exp2_poly.h"
 #include "cabm/kernels/simd.h"
+#include "util/exp2_arguments.h"
 
 #include <gtest/gtest.h>
 
@@ -20,27 +22,9 @@
 namespace cabm {
 namespace {
 
-// x over the exponents P sees (x − m' <= 0, a rounding above 0 included), dense near 0, at the
-// switch points of floor (integers) and of the old round-to-nearest (halves), through (−½, 0),
-// where x − floor(x) is inexact and rounded down (the bits below 2^−24 of x), then the edges.
-std::vector<float> arguments() {
-  std::vector<float> xs;
-  for (float x = -130.0f; x <= 0.25f; x += 0.000731f) xs.push_back(x);
-  for (int n = -127; n <= 1; ++n)
-    for (float h : {-0.5f, 0.0f, 0.5f}) {
-      const float x = static_cast<float>(n) + h;
-      xs.insert(xs.end(), {std::nextafter(x, -INFINITY), x, std::nextafter(x, INFINITY)});
-    }
-  for (float x = -0.5f; x < 0.0f; x = std::nextafter(x * 0.999f, 0.0f)) xs.push_back(x);
-  for (float x = -1e-3f; x < 0.0f; x += 3.7e-7f) xs.push_back(x);
-  xs.insert(xs.end(), {-0.0f, 0.0f, 1e-30f, -1e-30f, -126.0f, std::nextafter(-126.0f, -INFINITY), -1e30f, -INFINITY});
-  while (xs.size() % 16) xs.push_back(-1.0f);
-  return xs;
-}
-
 TEST(Exp2Weights, ScalarWithinItsBoundOfExp2) {
   double worst = 0;
-  for (float x : arguments()) {
+  for (float x : test::exp2_weight_arguments()) {
     const float y = detail::exp2_weight(x);
     if (!(x >= detail::kExp2Min)) {
       EXPECT_EQ(y, 0.0f) << "exp2_weight(" << x << ")";
@@ -66,7 +50,7 @@ CABM_AVX512_BF16 void exp2_weights16(const float* in, float* out) {
 TEST(Exp2Weights, VectorEqualsScalarBitForBit) {
 #if defined(CABM_HAVE_AVX512_BF16_CODE)
   if (!cpu_has_avx512_bf16()) GTEST_SKIP() << "this CPU (or OS) has no AVX-512 BF16: the vector weights are not used";
-  const std::vector<float> xs = arguments();
+  const std::vector<float> xs = test::exp2_weight_arguments();
   std::vector<float> got(xs.size());
   for (size_t i = 0; i < xs.size(); i += 16) exp2_weights16(&xs[i], &got[i]);
   for (size_t i = 0; i < xs.size(); ++i) {
@@ -81,7 +65,7 @@ TEST(Exp2Weights, VectorEqualsScalarBitForBit) {
 
 TEST(Exp2Weights, SimdFlavourEqualsScalarBitForBit) {
 #if CABM_SIMD_LEVEL > 0
-  const std::vector<float> xs = arguments();
+  const std::vector<float> xs = test::exp2_weight_arguments();
   std::vector<float> got(xs.size());
   for (size_t i = 0; i < xs.size(); i += simd::kWidth) simd::store(&got[i], simd::exp2_weights(simd::load(&xs[i])));
   for (size_t i = 0; i < xs.size(); ++i) {
