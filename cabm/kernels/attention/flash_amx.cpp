@@ -65,13 +65,20 @@ CABM_AMX void softmax_rows_nv(const float* x, const float* mrow, const float* z,
     const __m512 mv = _mm512_set1_ps(m_new[r]);
     __m512 vsum = _mm512_setzero_ps();
     bf16* pr = prow + r * lds;
+    __m512 e_even = _mm512_setzero_ps();  // weights converted in pairs of vectors (store_bf16x32)
     for (int c = 0; c < NV; ++c) {
       __m512 e = exp2_weights(mrow ? _mm512_sub_ps(t[r][c], mv) : exponent(t[r][c], nullptr, qs, mv));
       vsum = _mm512_add_ps(vsum, e);
       if (z) e = _mm512_mul_ps(e, _mm512_loadu_ps(z + r * lds + 16 * c));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + 16 * c), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
+      if (c % 2 == 1)
+        store_bf16x32(pr + 16 * (c - 1), e_even, e);
+      else if (c + 1 < NV)
+        e_even = e;
+      else if (nk32 > 16 * NV)  // the last vector with the zeros of keys [nk16, nk32)
+        store_bf16x32(pr + 16 * c, e, _mm512_setzero_ps());
+      else
+        store_bf16x16(pr + 16 * c, e);
     }
-    if (nk32 > 16 * NV) _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + 16 * NV), _mm256_setzero_si256());
     finish_row(m_new[r], vsum, m[r], l[r], alpha[r]);
   }
 }

@@ -50,13 +50,12 @@ int64_t round_up(int64_t a, int64_t b) {
   return (a + b - 1) / b * b;
 }
 
-// Rows r (and r + 1) of a bf16 operand, 16 columns each, as 16 pairs (x_r, x_r+1): the layout
-// [rows/2][cols16][2] that pv_avx512 reads as B.
-CABM_AVX512_BF16 inline void store_row_pair(__m256i row0, __m256i row1, bf16* pairs) {
+// Rows r and r + 1 of a bf16 operand, 16 columns each (`both`: row r's in the low half), as 16
+// pairs (x_r, x_r+1): the layout [rows/2][cols16][2] that pv_avx512 reads as B.
+CABM_AVX512_BF16 inline void store_row_pair(__m512i both, bf16* pairs) {
   alignas(64) static constexpr uint16_t kInterleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
                                                            21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
                                                            11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(row0), row1, 1);
   _mm512_storeu_si512(pairs, _mm512_permutexvar_epi16(_mm512_load_si512(kInterleave), both));
 }
 
@@ -71,7 +70,7 @@ CABM_AVX512_BF16 void pack_row_pairs(const bf16* src, int64_t stride, int64_t n,
       const __m256i row0 = r < n ? _mm256_maskz_loadu_epi16(live, src + r * stride + c) : _mm256_setzero_si256();
       const __m256i row1 =
           r + 1 < n ? _mm256_maskz_loadu_epi16(live, src + (r + 1) * stride + c) : _mm256_setzero_si256();
-      store_row_pair(row0, row1, out + packed_v_index(r, c, cols16));
+      store_row_pair(_mm512_inserti64x4(_mm512_castsi256_si512(row0), row1, 1), out + packed_v_index(r, c, cols16));
     }
 }
 
@@ -251,11 +250,11 @@ CABM_AVX512_BF16 void tile_gradients(const Problem& p, Buffers& buf, int64_t ni,
   for (int64_t r0 = 0; r0 < ni; r0 += 2) {
     for (int64_t c = 0; c < nk16; c += 16) {
       const __mmask16 live = nk - c >= 16 ? __mmask16(0xffff) : __mmask16((1u << (nk - c)) - 1);
-      __m256i pz16[2], ds16[2];
+      __m512 pz32[2], ds32[2];  // rows r0 and r0 + 1, converted together (store_bf16x32)
       for (int64_t h = 0; h < 2; ++h) {
         const int64_t r = r0 + h;
         if (r == ni) {
-          pz16[h] = ds16[h] = _mm256_setzero_si256();
+          pz32[h] = ds32[h] = zero;
           continue;
         }
         // The exponent as the forward's (exponent, attention/bf16_avx512.h) with lse for the maximum.
@@ -270,13 +269,16 @@ CABM_AVX512_BF16 void tile_gradients(const Problem& p, Buffers& buf, int64_t ni,
           dprob = _mm512_mul_ps(dprob, z);
           pz = _mm512_mul_ps(prob, z);
         }
-        const __m512 dt = _mm512_mul_ps(prob, _mm512_sub_ps(dprob, _mm512_set1_ps(delta[r])));
-        ds16[h] = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(dt));
-        pz16[h] = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(pz));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(buf.ds.data() + r * ldds + c), ds16[h]);
+        ds32[h] = _mm512_mul_ps(prob, _mm512_sub_ps(dprob, _mm512_set1_ps(delta[r])));
+        pz32[h] = pz;
       }
-      store_row_pair(pz16[0], pz16[1], buf.pz_pairs.data() + packed_v_index(r0, c, nk16));
-      store_row_pair(ds16[0], ds16[1], buf.ds_pairs.data() + packed_v_index(r0, c, nk16));
+      const __m512i ds16 = bf16_pair(ds32[0], ds32[1]);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(buf.ds.data() + r0 * ldds + c), _mm512_castsi512_si256(ds16));
+      if (r0 + 1 < ni)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(buf.ds.data() + (r0 + 1) * ldds + c),
+                            _mm512_extracti64x4_epi64(ds16, 1));
+      store_row_pair(bf16_pair(pz32[0], pz32[1]), buf.pz_pairs.data() + packed_v_index(r0, c, nk16));
+      store_row_pair(ds16, buf.ds_pairs.data() + packed_v_index(r0, c, nk16));
     }
   }
   if (nk_in > nk16)
