@@ -9,7 +9,8 @@
 # bundle.tar.gz and run.sh (scripts/cpu_check_run.sh); on the other machine:
 #   bash OUT_DIR/run.sh [RESULTS_DIR]
 # The bundle holds the test executables that need neither the build tree nor Python (all but
-# test_cli_*, test_hf_* and test_parity_*), the cabm CLI, bench_gemm_libraries and bench_amx_tile.
+# test_cli_*, test_hf_* and test_parity_*), the cabm CLI, bench_gemm_libraries, bench_amx_tile and
+# bench_fp32_ceiling.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/portable}
@@ -27,7 +28,7 @@ cmake --build "$build" -j "$(nproc)" >/dev/null
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"
-binaries=("$build/cabm" "$build/bench/bench_gemm_libraries" "$build/bench/bench_amx_tile")
+binaries=("$build/cabm" "$build/bench/bench_gemm_libraries" "$build/bench/bench_amx_tile" "$build/bench/bench_fp32_ceiling")
 for t in "$build"/tests/test_*; do
   case $(basename "$t") in
     test_cli_* | test_hf_* | test_parity_*) ;;

@@ -9,8 +9,9 @@
 #    attention --n 4096 --d 64 128 --masks none causal --backward --precision both`),
 #    bench_gemm.log (bench_gemm_libraries: gemm() against oneDNN and OpenBLAS), bench_train.log
 #    (`cabm bench train`, the big preset), bench_no_amx.log (the bf16 kernels with CABM_NO_AMX=1,
-#    where the CPU has AMX), bench_amx_tile.log (one AMX forward tile taken apart, one core) and
-#    bench_decode.log (`cabm bench decode`, KV-cache decoding at M 16384 and 65536).
+#    where the CPU has AMX), bench_amx_tile.log (one AMX forward tile taken apart, one core),
+#    bench_decode.log (`cabm bench decode`, KV-cache decoding at M 16384 and 65536) and
+#    bench_fp32_ceiling.log (the fp32 micro-kernel and oneDNN's sgemm against the FMA loop, one core).
 # CHECK_SECONDS (default 480) bounds the whole run: a step that would start after it is skipped,
 # and says so.
 set -uo pipefail
@@ -91,4 +92,6 @@ if grep -q -w amx_bf16 "$results/cpu.txt"; then
 fi
 time_left "bench decode" &&
   timeout 120 "${cabm[@]}" bench decode --m 16384 65536 --repeats 5 --threads 2 >"$results/bench_decode.log" 2>&1
+time_left "bench_fp32_ceiling" &&
+  timeout 60 "${pin1[@]}" "${loader[@]}" "$work/bin/bench_fp32_ceiling" >"$results/bench_fp32_ceiling.log" 2>&1
 echo "done at $(elapsed) s; results in $results"
