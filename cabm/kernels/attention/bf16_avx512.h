@@ -331,7 +331,7 @@ CABM_AVX512_BF16 void softmax_rows_of_kind(const float* s, int64_t lds, int64_t 
     const int64_t pairs_end = nk16 / 32 * 32;
     if (r + 1 < ni) {
       const float *xn = x + lds, *mn = mask_row(r + 1);
-      // Two chains of the next row's maximum (a second lambda here, GCC called out of line).
+      // The next row's maximum in two chains, written out (a lambda, GCC called out of line).
       __m512 next0 = _mm512_set1_ps(-INFINITY), next1 = next0;
       for (int64_t c = 0; c < pairs_end; c += 32) {
         const __m512 e0 = weights(c);

@@ -250,7 +250,7 @@ CABM_AVX512_BF16 void tile_gradients(const Problem& p, Buffers& buf, int64_t ni,
   for (int64_t r0 = 0; r0 < ni; r0 += 2) {
     for (int64_t c = 0; c < nk16; c += 16) {
       const __mmask16 live = nk - c >= 16 ? __mmask16(0xffff) : __mmask16((1u << (nk - c)) - 1);
-      __m512 pz32[2], ds32[2];  // rows r0 and r0 + 1, converted together (store_bf16x32)
+      __m512 pz32[2], ds32[2];  // rows r0 and r0 + 1, converted together (bf16_pair)
       for (int64_t h = 0; h < 2; ++h) {
         const int64_t r = r0 + h;
         if (r == ni) {
@@ -272,13 +272,13 @@ CABM_AVX512_BF16 void tile_gradients(const Problem& p, Buffers& buf, int64_t ni,
         ds32[h] = _mm512_mul_ps(prob, _mm512_sub_ps(dprob, _mm512_set1_ps(delta[r])));
         pz32[h] = pz;
       }
-      const __m512i ds16 = bf16_pair(ds32[0], ds32[1]);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(buf.ds.data() + r0 * ldds + c), _mm512_castsi512_si256(ds16));
+      const __m512i ds_rows = bf16_pair(ds32[0], ds32[1]);  // row r0's 16 in the low half
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(buf.ds.data() + r0 * ldds + c), _mm512_castsi512_si256(ds_rows));
       if (r0 + 1 < ni)
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(buf.ds.data() + (r0 + 1) * ldds + c),
-                            _mm512_extracti64x4_epi64(ds16, 1));
+                            _mm512_extracti64x4_epi64(ds_rows, 1));
       store_row_pair(bf16_pair(pz32[0], pz32[1]), buf.pz_pairs.data() + packed_v_index(r0, c, nk16));
-      store_row_pair(ds16, buf.ds_pairs.data() + packed_v_index(r0, c, nk16));
+      store_row_pair(ds_rows, buf.ds_pairs.data() + packed_v_index(r0, c, nk16));
     }
   }
   if (nk_in > nk16)
