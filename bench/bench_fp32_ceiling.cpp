@@ -144,18 +144,21 @@ void run() {
   std::fill_n(alpha.data, tile, 1.0f);  // O stays finite
   const int64_t reps = 8;
   const double flops = 2.0 * static_cast<double>(tile * tile * d) * static_cast<double>(keys / tile * reps);
-  const double ts = best_seconds([&] {
-    for (int64_t r = 0; r < reps; ++r)
-      for (int64_t j = 0; j < keys; j += tile)
-        tile_product(tile, tile, d, {kh.data + j * d, d, 1}, {qt.data, tile}, {s.data, tile}, Accum::kOverwriteMax,
-                     lane_max.data);
+  // The best time of `product(j)` over every key tile j of a head, reps times.
+  const auto over_head = [&](auto product) {
+    return best_seconds([&] {
+      for (int64_t r = 0; r < reps; ++r)
+        for (int64_t j = 0; j < keys; j += tile) product(j);
+    });
+  };
+  const double ts = over_head([&](int64_t j) {
+    tile_product(tile, tile, d, {kh.data + j * d, d, 1}, {qt.data, tile}, {s.data, tile}, Accum::kOverwriteMax,
+                 lane_max.data);
   });
   line("tile 64x64x64, S = K Q^T and maximum", flops / ts / 1e9, peak);
-  const double tp = best_seconds([&] {
-    for (int64_t r = 0; r < reps; ++r)
-      for (int64_t j = 0; j < keys; j += tile)
-        tile_product(d, tile, tile, {vh.data + j * d, tile, 1}, {s.data, tile}, {o.data, tile}, Accum::kScaleAdd,
-                     alpha.data);
+  const double tp = over_head([&](int64_t j) {
+    tile_product(d, tile, tile, {vh.data + j * d, tile, 1}, {s.data, tile}, {o.data, tile}, Accum::kScaleAdd,
+                 alpha.data);
   });
   line("tile 64x64x64, O = a O + V P^T", flops / tp / 1e9, peak);
   // oneDNN's fp32 GEMM on this thread.
