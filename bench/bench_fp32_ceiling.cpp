@@ -15,20 +15,17 @@
 //   taskset -c 1 ./build/release/bench/bench_fp32_ceiling
 //
 // Times are the best of 7 rounds (the machine may be shared).
+#include "cabm/kernels/aligned_vector.h"
 #include "cabm/kernels/cpu_isa.h"
 
 #include <dnnl.h>
 #include <omp.h>
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <utility>
-#include <vector>
 
 #if defined(__x86_64__)
 #include "cabm/kernels/x86_intrinsics.h"
@@ -50,17 +47,14 @@ double seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// 64-byte aligned floats, filled with small values that never overflow in the loops below.
-struct Buffer {
-  float* data;
-  explicit Buffer(int64_t n, float value = 0.001f)
-      : data(static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>((n * 4 + 63) / 64 * 64)))) {
-    for (int64_t i = 0; i < n; ++i) data[i] = value * static_cast<float>(1 + i % 7);
-  }
-  ~Buffer() { std::free(data); }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-};
+using Floats = detail::AlignedVector<float>;  // 64-byte aligned, as the kernels' buffers
+
+// n floats of small values that never overflow in the loops below.
+Floats filled(int64_t n) {
+  Floats x(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) x[static_cast<size_t>(i)] = 0.001f * static_cast<float>(1 + i % 7);
+  return x;
+}
 
 template <class F>
 double best_seconds(F&& f) {
@@ -117,22 +111,23 @@ void line(const char* what, double gflops, double peak) {
 }
 
 void run() {
-  Buffer out(24 * 16), a(6 * 64 * 4), b(64 * 64);
+  Floats out = filled(24 * 16), a = filled(6 * 64 * 4), b = filled(64 * 64);
   const int64_t steps = 20'000'000;
-  const double peak = 2.0 * 16 * 24 * steps / best_seconds([&] { fma_loop(steps, out.data); }) / 1e9;
+  const double peak = 2.0 * 16 * 24 * steps / best_seconds([&] { fma_loop(steps, out.data()); }) / 1e9;
   line("fma loop (24 accumulators, no loads)", peak, peak);
   for (const auto& [mask, name] :
        {std::pair<int64_t, const char*>{0, "6x4 loop, B fixed"}, {63, "6x4 loop, B moving"}}) {
-    const double t = best_seconds([&, mask = mask] { loop_6x4(steps, a.data, b.data, mask, out.data); });
+    const double t = best_seconds([&, mask = mask] { loop_6x4(steps, a.data(), b.data(), mask, out.data()); });
     line(name, 2.0 * 16 * 24 * steps / t / 1e9, peak);
   }
   // The library's micro-kernel on L1 operands, one call per K steps.
   for (const int64_t k : {32, 64, 128}) {
-    Buffer ak(6 * k), bk(k * 64), c(6 * 64);
+    const Floats ak = filled(6 * k), bk = filled(k * 64);
+    Floats c = filled(6 * 64);
     const int64_t calls = 40'000'000 / k;
     const double t = best_seconds([&] {
       for (int64_t i = 0; i < calls; ++i)
-        block_kernel<6, 4, Accum::kOverwrite>(k, {ak.data, k, 1}, {bk.data, 64}, {c.data, 64}, nullptr);
+        block_kernel<6, 4, Accum::kOverwrite>(k, {ak.data(), k, 1}, {bk.data(), 64}, {c.data(), 64}, nullptr);
     });
     char name[64];
     std::snprintf(name, sizeof name, "block_kernel 6x4, K = %ld", static_cast<long>(k));
@@ -140,8 +135,9 @@ void run() {
   }
   // The forward's two tile products at d 64 on 64 × 64 tiles, K and V streamed from 1 MiB heads.
   const int64_t d = 64, tile = 64, keys = 4096;
-  Buffer kh(keys * d), vh(keys * d), qt(d * tile), s(tile * tile), o(d * tile), lane_max(tile), alpha(tile);
-  std::fill_n(alpha.data, tile, 1.0f);  // O stays finite
+  const Floats kh = filled(keys * d), vh = filled(keys * d), qt = filled(d * tile);
+  Floats alpha(tile, 1.0f);  // O stays finite (tile_product takes it as float*)
+  Floats s = filled(tile * tile), o = filled(d * tile), lane_max = filled(tile);
   const int64_t reps = 8;
   const double flops = 2.0 * static_cast<double>(tile * tile * d) * static_cast<double>(keys / tile * reps);
   // The best time of `product(j)` over every key tile j of a head, reps times.
@@ -152,20 +148,21 @@ void run() {
     });
   };
   const double ts = over_head([&](int64_t j) {
-    tile_product(tile, tile, d, {kh.data + j * d, d, 1}, {qt.data, tile}, {s.data, tile}, Accum::kOverwriteMax,
-                 lane_max.data);
+    tile_product(tile, tile, d, {kh.data() + j * d, d, 1}, {qt.data(), tile}, {s.data(), tile}, Accum::kOverwriteMax,
+                 lane_max.data());
   });
   line("tile 64x64x64, S = K Q^T and maximum", flops / ts / 1e9, peak);
   const double tp = over_head([&](int64_t j) {
-    tile_product(d, tile, tile, {vh.data + j * d, tile, 1}, {s.data, tile}, {o.data, tile}, Accum::kScaleAdd,
-                 alpha.data);
+    tile_product(d, tile, tile, {vh.data() + j * d, tile, 1}, {s.data(), tile}, {o.data(), tile}, Accum::kScaleAdd,
+                 alpha.data());
   });
   line("tile 64x64x64, O = a O + V P^T", flops / tp / 1e9, peak);
   // oneDNN's fp32 GEMM on this thread.
   const int64_t n = 1024;
-  Buffer ga(n * n), gb(n * n), gc(n * n);
+  const Floats ga = filled(n * n), gb = filled(n * n);
+  Floats gc = filled(n * n);
   const double tg =
-      best_seconds([&] { dnnl_sgemm('N', 'N', n, n, n, 1.0f, ga.data, n, gb.data, n, 0.0f, gc.data, n); });
+      best_seconds([&] { dnnl_sgemm('N', 'N', n, n, n, 1.0f, ga.data(), n, gb.data(), n, 0.0f, gc.data(), n); });
   line("dnnl_sgemm n = 1024, one thread", 2.0 * static_cast<double>(n * n * n) / tg / 1e9, peak);
 }
 
