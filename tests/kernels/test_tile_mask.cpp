@@ -85,8 +85,9 @@ TEST(TileMask, KeyRangesTilesAndKindsMatchTheMask) {
         }
 
       // The key tiles, with and without the cut: contiguous from the grid's first tile to the
-      // range's end, at most block_k wide; with the cut, a tile that ends at it and starts where
-      // every row already sees its keys is a full tile.
+      // range's end, each inside one grid tile of block_k keys (the fp32 forward's V panels);
+      // with the cut, a tile that ends at it and starts where every row already sees its keys
+      // is a full tile.
       const int64_t block_k = uniform(1, 3) * 16 + uniform(0, 1) * 7;
       for (const int64_t align : {int64_t{0}, int64_t{16}, int64_t{6}}) {
         const KeyTiles tiles = tm.key_tiles(b, rows, block_k, align);
@@ -98,6 +99,7 @@ TEST(TileMask, KeyRangesTilesAndKindsMatchTheMask) {
           ASSERT_GE(nk, 1);
           ASSERT_LE(nk, block_k);
           ASSERT_LE(j0 + nk, range.end);
+          EXPECT_LE(j0 + nk, (j0 / block_k + 1) * block_k) << "tile [" << j0 << ", " << j0 + nk << ") crosses the grid";
           if (align == 0) {
             EXPECT_EQ(j0 % block_k, 0) << "the grid, uncut";
           }

@@ -31,7 +31,9 @@ struct Range {
 // last tile stops there (this changes no bit: their weights are exactly 0). And where `align` is
 // not 0, the tile inside which the keys that every row sees end (a causal diagonal) is cut at the
 // last multiple of `align` keys before that end, so the keys before the cut take the unmasked path
-// and only the diagonal's keys the masked one; the next tile starts at the cut.
+// and only the diagonal's keys the masked one; the next tile runs from the cut to the end of that
+// grid tile, so that no tile crosses a multiple of block_k (the fp32 forward's V panels, which
+// the bf16 kernels' fp32 SIMD path reads too, hold block_k keys each).
 //   for (int64_t j0 = tiles.first(); j0 < tiles.end(); j0 += tiles.width(j0)) ...
 struct KeyTiles {
   Range keys;  // the rows' key range
@@ -39,8 +41,8 @@ struct KeyTiles {
   int64_t first() const { return keys.begin / block_k * block_k; }
   int64_t end() const { return keys.end; }
   int64_t width(int64_t j0) const {
-    const int64_t nk = std::min(block_k, keys.end - j0);
-    return j0 < cut && cut < j0 + nk ? cut - j0 : nk;
+    const int64_t grid_end = std::min((j0 / block_k + 1) * block_k, keys.end);
+    return j0 < cut && cut < grid_end ? cut - j0 : grid_end - j0;
   }
 };
 
