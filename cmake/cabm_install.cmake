@@ -11,7 +11,8 @@ set(CABM_INTERNAL_HEADERS simd.h x86_intrinsics.h aligned_vector.h simd_set_*.h 
                           row_prefetch.h
                           score_epilogue.h score_variants.h bf16_avx512.h bf16_variants.h
                           bf16_packing.h flash_detail.h tile_mask.h hf_tokenizer_impl.h
-                          hf_tokenizer_files.h amx_tiles.h amx_tile_gemm.h flash_amx.h flash_bf16_backward.h)
+                          hf_tokenizer_files.h amx_tiles.h amx_tile_gemm.h flash_amx.h flash_bf16_backward.h
+                          unit_loops.h)
 
 install(TARGETS cabm_lib EXPORT cabmTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}

@@ -8,8 +8,9 @@
 # 3. issue 12's measurements on two cores (two threads): bench_attention.log (`cabm bench
 #    attention --n 4096 --d 64 128 --masks none causal --backward --precision both`),
 #    bench_gemm.log (bench_gemm_libraries: gemm() against oneDNN and OpenBLAS), bench_train.log
-#    (`cabm bench train`, the big preset), bench_no_amx.log (the bf16 kernels with CABM_NO_AMX=1,
-#    where the CPU has AMX), bench_amx_tile.log (one AMX forward tile taken apart, one core),
+#    (`cabm bench train`, the big preset), bench_no_amx.log (where the CPU has AMX, the vdpbf16ps
+#    kernels: CABM_NO_AMX=1 CABM_BF16_PRODUCTS=vdpbf16ps), bench_amx_tile.log (one AMX forward
+#    tile taken apart, one core),
 #    bench_decode.log (`cabm bench decode`, KV-cache decoding at M 16384 and 65536) and
 #    bench_fp32_ceiling.log (the fp32 micro-kernel and oneDNN's sgemm against the FMA loop, one core).
 # CHECK_SECONDS (default 480) bounds the whole run: a step that would start after it is skipped,
@@ -87,7 +88,7 @@ if grep -q -w amx_bf16 "$results/cpu.txt"; then
   time_left "bench_amx_tile" &&
     timeout 120 "${pin1[@]}" "${loader[@]}" "$work/bin/bench_amx_tile" >"$results/bench_amx_tile.log" 2>&1
   time_left "bench attention with CABM_NO_AMX=1" &&
-    CABM_NO_AMX=1 timeout 120 "${cabm[@]}" bench attention --n 4096 --d 64 128 --masks none --precision bf16 \
+    CABM_NO_AMX=1 CABM_BF16_PRODUCTS=vdpbf16ps timeout 120 "${cabm[@]}" bench attention --n 4096 --d 64 128 --masks none --precision bf16 \
       --repeats 2 --threads 2 >"$results/bench_no_amx.log" 2>&1
 fi
 time_left "bench decode" &&

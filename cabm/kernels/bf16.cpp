@@ -2,8 +2,11 @@
 
 #include "cabm/core/error.h"
 #include "cabm/kernels/cpu_isa.h"
+#include "cabm/kernels/unit_loops.h"
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -74,6 +77,7 @@ bool env_forces_portable() {
 }
 
 std::atomic<int> g_override{static_cast<int>(Bf16Isa::kAuto)};
+std::atomic<int> g_products_override{static_cast<int>(Bf16Products::kAuto)};
 
 }  // namespace
 
@@ -91,6 +95,82 @@ bool bf16_amx_active() {
   static const bool env_no_amx = env_flag("CABM_NO_AMX");
   const auto isa = static_cast<Bf16Isa>(g_override.load(std::memory_order_relaxed));
   return isa == Bf16Isa::kAuto && !env_no_amx && bf16_active_isa() == Bf16Isa::kAvx512Bf16 && cpu_has_amx_bf16();
+}
+
+namespace {
+
+#if defined(CABM_X86)
+double measure_vdpbf16ps_to_fma_rate() {
+  using Clock = std::chrono::steady_clock;
+  // About 0.1 ms per loop at 2-3 GHz: 12 FMAs per iteration at two per cycle, 16 vdpbf16ps at one
+  // or two. The best of interleaved rounds: a preempted round only looks slower.
+  constexpr int64_t kFmaIterations = 40000, kDotIterations = 20000;
+  constexpr int kRounds = 8;
+  float sink = 0;
+  double fma = 0, dot = 0;  // best FLOP/s
+  for (int round = 0; round < kRounds; ++round) {
+    auto t0 = Clock::now();
+    double flops = detail::fma_loop_avx512(kFmaIterations, &sink);
+    fma = std::max(fma, flops / std::chrono::duration<double>(Clock::now() - t0).count());
+    t0 = Clock::now();
+    flops = detail::vdpbf16ps_loop(kDotIterations, &sink);
+    dot = std::max(dot, flops / std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return fma > 0 ? dot / fma : 0.0;
+}
+#endif
+
+// CABM_BF16_PRODUCTS: +1 vdpbf16ps, -1 fp32, 0 measured.
+int env_products_pin() {
+  const char* value = std::getenv("CABM_BF16_PRODUCTS");
+  if (value == nullptr || *value == '\0' || std::strcmp(value, "auto") == 0) return 0;
+  if (std::strcmp(value, "vdpbf16ps") == 0) return 1;
+  if (std::strcmp(value, "fp32") == 0) return -1;
+  throw UsageError(fmt::format("CABM_BF16_PRODUCTS={}: expected vdpbf16ps, fp32 or auto", value));
+}
+
+int products_pin() {
+  static const int pin = env_products_pin();
+  return pin;
+}
+
+}  // namespace
+
+double vdpbf16ps_to_fma_rate() {
+#if defined(CABM_X86)
+  static const double rate = cpu_has_avx512_bf16() ? measure_vdpbf16ps_to_fma_rate() : 0.0;
+  return rate;
+#else
+  return 0.0;
+#endif
+}
+
+bool bf16_vdpbf16ps_active() {
+  const int pin = products_pin();  // first: a bad value is an error on every CPU
+  if (bf16_active_isa() != Bf16Isa::kAvx512Bf16) return false;
+  const auto products = static_cast<Bf16Products>(g_products_override.load(std::memory_order_relaxed));
+  if (products != Bf16Products::kAuto) return products == Bf16Products::kVdpbf16ps;
+  if (static_cast<Bf16Isa>(g_override.load(std::memory_order_relaxed)) == Bf16Isa::kAvx512Bf16) return true;
+  if (bf16_amx_active()) return false;  // the AMX tiles instead
+  return pin != 0 ? pin > 0 : vdpbf16ps_to_fma_rate() >= kVdpbf16psMinRate;
+}
+
+void set_bf16_products_override(Bf16Products products) {
+  g_products_override.store(static_cast<int>(products), std::memory_order_relaxed);
+}
+
+std::string bf16_products_summary() {
+  if (bf16_active_isa() != Bf16Isa::kAvx512Bf16) return "fp32 FMAs on widened bf16 (no AVX512_BF16 path)";
+  std::string why;
+  if (static_cast<Bf16Products>(g_products_override.load(std::memory_order_relaxed)) != Bf16Products::kAuto ||
+      static_cast<Bf16Isa>(g_override.load(std::memory_order_relaxed)) == Bf16Isa::kAvx512Bf16)
+    why = "requested";
+  else if (products_pin() != 0)
+    why = "CABM_BF16_PRODUCTS";
+  else
+    why = fmt::format("vdpbf16ps {:.2f}x the FMA multiply-adds on one core, {} {:.2f}", vdpbf16ps_to_fma_rate(),
+                      vdpbf16ps_to_fma_rate() >= kVdpbf16psMinRate ? "at least" : "under", kVdpbf16psMinRate);
+  return fmt::format("{} ({})", bf16_vdpbf16ps_active() ? "vdpbf16ps" : "fp32 FMAs on widened bf16", why);
 }
 
 void set_bf16_isa_override(Bf16Isa isa) {

@@ -20,6 +20,7 @@
 #include "cabm/core/tensor.h"
 
 #include <cstdint>
+#include <string>
 
 namespace cabm {
 
@@ -45,6 +46,31 @@ Bf16Isa bf16_active_isa();
 // Whether the AMX paths run: the override is kAuto, bf16_active_isa() is kAvx512Bf16,
 // cpu_has_amx_bf16(), and CABM_NO_AMX (read at first use) is unset or "0".
 bool bf16_amx_active();
+
+// Where AVX512_BF16 runs without an AMX path, the bf16 kernels (attention_flash_bf16, gemm_bf16)
+// multiply either with vdpbf16ps (16 lanes × 2 bf16 pairs per instruction) or with fp32 FMAs on
+// the bf16 values widened to fp32 (exact; the same roundings at the same points, so the same
+// contract). vdpbf16ps does twice an FMA's multiply-adds per instruction but not per cycle on
+// every CPU: the Zen 4 and Zen 5 run it at 2.0× their FMA loop's multiply-adds, the Intel Xeons
+// measured (family 6 models 167 and 207) at 0.5×, where the vdpbf16ps attention ran at 0.61–0.80×
+// the fp32 kernel's speed and the widened one at about 1× (docs/mixed_precision.md, session 34).
+//
+// vdpbf16ps_to_fma_rate(): multiply-adds per second of vdpbf16ps over fp32 FMAs on the calling
+// core (unit_loops.h's loops, best of 8 interleaved rounds of about 0.1 ms each), measured once
+// per process; 0 where the CPU lacks AVX512_BF16.
+double vdpbf16ps_to_fma_rate();
+// Whether the bf16 kernels take vdpbf16ps. Never where bf16_active_isa() is not kAvx512Bf16; else
+// the first that applies: set_bf16_products_override (tests, comparisons); the isa override
+// kAvx512Bf16 (yes); bf16_amx_active() (no: the tiles); the environment's CABM_BF16_PRODUCTS,
+// read at the first call ("vdpbf16ps", "fp32"; unset or "auto": on); vdpbf16ps_to_fma_rate() ≥
+// kVdpbf16psMinRate. Another value of the variable throws a UsageError naming it, on every CPU.
+inline constexpr double kVdpbf16psMinRate = 1.25;
+bool bf16_vdpbf16ps_active();
+enum class Bf16Products { kAuto, kVdpbf16ps, kFp32 };
+// Not meant to be changed while kernels run on other threads (as set_bf16_isa_override).
+void set_bf16_products_override(Bf16Products products);
+// One line for `cabm bench`: which products bf16_vdpbf16ps_active() chose and why.
+std::string bf16_products_summary();
 // "avx512_bf16" or "portable": for `cabm bench` and benchmark labels.
 const char* bf16_path_name();
 // The conversions' path: "avx512_bf16", "avx2" or "portable".

@@ -216,9 +216,23 @@ class Bf16PlanCache {
   std::vector<std::shared_ptr<const Bf16Plan>> plans_;
 };
 
-// Products that took the converted fallback because portable was forced: they make no plan, so
-// gemm_bf16_implementations_used counts them here.
+// Products that took the converted fallback without asking oneDNN (portable forced, or no bf16
+// unit that outruns fp32 FMAs): they make no plan, so gemm_bf16_implementations_used counts them here.
 std::atomic<int64_t> g_forced_portable_products{0};
+std::atomic<int64_t> g_widened_products{0};
+constexpr const char* kWidenedReason = "no AMX, vdpbf16ps not faster than FMAs";
+
+bool portable_forced_here() {
+  return bf16_active_isa() == Bf16Isa::kPortable && cpu_has_avx512_bf16();
+}
+
+// oneDNN's bf16 matmul runs on AMX tiles or vdpbf16ps where the CPU has them (and emulates bf16 on
+// plain AVX-512F). Without AMX, where vdpbf16ps does no more multiply-adds per second than fp32
+// FMAs (bf16.h: the Intel Xeons measured; its avx512_core_bf16 kernels ran cabm's training
+// products at about half the speed of the fp32 ones there), widened operands and fp32 gemm win.
+bool widen_for_fp32() {
+  return !cpu_has_amx_bf16() && cpu_has_avx512_bf16() && !bf16_vdpbf16ps_active();
+}
 
 Bf16PlanCache& plan_cache() {
   static Bf16PlanCache cache;
@@ -247,7 +261,8 @@ MatrixRef to_f32(const MatrixRefBf16& x, std::vector<float>& buffer) {
 
 void gemm_bf16_via_f32(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha, float beta,
                        const float* bias) {
-  std::vector<float> abuf, bbuf;
+  // Per calling thread, grown to the largest operands and reused (fresh pages are expensive here).
+  thread_local std::vector<float> abuf, bbuf;
   if (bias) {
     bias_into(c, ldc, a.rows, b.cols, beta, bias);
     beta = 1.0f;
@@ -269,8 +284,12 @@ void gemm_bf16(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t
       for (int64_t j = 0; j < N; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
   }
-  if (bf16_active_isa() == Bf16Isa::kPortable && cpu_has_avx512_bf16()) {  // forced portable (tests, comparisons)
+  if (portable_forced_here()) {  // tests, comparisons
     g_forced_portable_products.fetch_add(1, std::memory_order_relaxed);
+    return gemm_bf16_via_f32(a, b, c, ldc, alpha, beta, bias);
+  }
+  if (widen_for_fp32()) {
+    g_widened_products.fetch_add(1, std::memory_order_relaxed);
     return gemm_bf16_via_f32(a, b, c, ldc, alpha, beta, bias);
   }
   const auto plan = plan_cache().get(make_key(a, b, ldc, alpha, beta, bias != nullptr));
@@ -295,7 +314,8 @@ void gemm_bf16(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t
 std::string gemm_bf16_implementation(const MatrixRefBf16& a, const MatrixRefBf16& b, int64_t ldc) {
   check_operands(a, b, ldc);
   if (a.rows == 0 || b.cols == 0 || a.cols == 0) return "none (empty)";
-  if (bf16_active_isa() == Bf16Isa::kPortable && cpu_has_avx512_bf16()) return kFallbackName;
+  if (portable_forced_here()) return kFallbackName;
+  if (widen_for_fp32()) return std::string(kFallbackName) + ", " + kWidenedReason;
   return plan_cache().get(make_key(a, b, ldc, 1.0f, 0.0f, false))->impl;
 }
 
@@ -306,6 +326,9 @@ std::string gemm_bf16_implementations_used() {
   if (const int64_t forced = g_forced_portable_products.load(std::memory_order_relaxed); forced > 0)
     out += (out.empty() ? "" : ", ") + std::string(kFallbackName) + ", portable forced (" + std::to_string(forced) +
            (forced == 1 ? " product)" : " products)");
+  if (const int64_t widened = g_widened_products.load(std::memory_order_relaxed); widened > 0)
+    out += (out.empty() ? "" : ", ") + std::string(kFallbackName) + ", " + kWidenedReason + " (" +
+           std::to_string(widened) + (widened == 1 ? " product)" : " products)");
   return out.empty() ? "none yet" : out;
 }
 

@@ -48,7 +48,9 @@ struct MatrixRefBf16 {
 // primitive per (shape, strides, transposes, alpha, beta, bias or not), created on first use and
 // cached (thread-safe). Where oneDNN has only its reference implementation for bf16 (CPUs without
 // AVX-512: oneDNN's bf16 kernels need avx512_core at least), the operands are converted to fp32
-// (exactly) and multiplied by gemm(): the same math, a different summation order.
+// (exactly) and multiplied by gemm(): the same math, a different summation order. So are they on
+// CPUs with AVX512_BF16 but no AMX where vdpbf16ps does not outrun fp32 FMAs (bf16.h's
+// bf16_vdpbf16ps_active(); Intel Xeons without AMX), into per-thread buffers kept between calls.
 void gemm_bf16(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha = 1.0f,
                float beta = 0.0f, const float* bias = nullptr);
 
@@ -59,7 +61,8 @@ std::string gemm_bf16_implementation(const MatrixRefBf16& a, const MatrixRefBf16
 // What gemm_bf16 has run in this process (the products it keeps a primitive for, at most the 64
 // most recent shapes): "brg:avx512_core_amx_bf16 (27 shapes)", several implementations most shapes
 // first, then "fp32 sgemm (converted), portable forced (N products)" if products ran while portable
-// was forced; or "none yet". oneDNN picks per shape (on an AMX Xeon a 1 × 1 product takes
+// was forced and "fp32 sgemm (converted), no AMX, vdpbf16ps not faster than FMAs (N products)"
+// if they were widened for speed; or "none yet". oneDNN picks per shape (on an AMX Xeon a 1 × 1 product takes
 // avx512_core_bf16 and training's products AMX), so benchmarks print this after their runs.
 std::string gemm_bf16_implementations_used();
 

@@ -1,6 +1,8 @@
 // `cabm bench attention` and `cabm memory` end to end on tiny cases: the text table, the JSON
 // form, the memory estimate against the model's own parameter list, and bad flags (one line on
 // stderr, non-zero exit).
+#include "cabm/kernels/bf16.h"
+#include "cabm/kernels/cpu_isa.h"
 #include "cabm/nn/causal_lm.h"
 #include "cabm/nn/parameters.h"
 #include "cabm/train/lm_trainer.h"
@@ -8,6 +10,8 @@
 #include "util/test_util.h"
 
 #include <nlohmann/json.hpp>
+
+#include <cstdlib>
 
 
 namespace cabm {
@@ -94,6 +98,32 @@ TEST(CliMemory, EstimateAndMeasurement) {
        {"gradients:", "AdamW state:", "saved activations per layer", "attention scores/weights", "reference path",
         "tiled (flash) path", "estimated step total", "MEASURED", "peak RSS increase:"})
     EXPECT_TRUE(contains(r.out, line)) << line << "\n" << r.out;
+}
+
+// CABM_BF16_PRODUCTS pins the bf16 kernels' products (kernels/bf16.h) where the CPU has
+// AVX512_BF16 without AMX, and a value it does not know is a one-line error on every CPU.
+TEST(CliBench, Bf16ProductsPin) {
+  const auto bf16_path = [&](const char* pin) {
+    ::setenv("CABM_BF16_PRODUCTS", pin, 1);
+    const CmdResult r = cabm("bench attention --n 64 --d 16 --masks none --repeats 1 --json --precision both");
+    ::unsetenv("CABM_BF16_PRODUCTS");
+    EXPECT_EQ(r.status, 0) << pin << ": " << r.err;
+    return r.status == 0 ? nlohmann::json::parse(r.out).at("bf16_path").get<std::string>() : std::string();
+  };
+  ::setenv("CABM_BF16_PRODUCTS", "bf16", 1);
+  expect_one_line_error(cabm("bench attention --n 64 --d 16 --masks none --repeats 1 --precision both"),
+                        "CABM_BF16_PRODUCTS");
+  ::unsetenv("CABM_BF16_PRODUCTS");
+  const std::string automatic = bf16_path("auto"), vdp = bf16_path("vdpbf16ps"), fp32 = bf16_path("fp32");
+  if (!cpu_has_avx512_bf16() || cpu_has_amx_bf16()) {
+    EXPECT_EQ(vdp, automatic);
+    EXPECT_EQ(fp32, automatic);
+    GTEST_SKIP() << "the pin chooses nothing on this CPU (AVX512_BF16 " << (cpu_has_avx512_bf16() ? "with" : "without")
+                 << " AMX): every run took " << automatic;
+  }
+  EXPECT_EQ(vdp, "avx512_bf16");
+  EXPECT_EQ(fp32, std::string(simd_isa() == SimdIsa::kAvx512 ? "avx512" : "avx2") + "_fp32");
+  EXPECT_TRUE(automatic == vdp || automatic == fp32) << automatic;
 }
 
 TEST(CliBench, BadFlags) {

@@ -258,6 +258,15 @@ TEST(AttentionFlashBf16, AmxEmulatedPathIsTested) {
   EXPECT_TRUE(has(backward, "amx_bf16_emulated"));
   EXPECT_TRUE(has(backward, "avx512_bf16"));
 }
+// The widened fp32 tiles run here whatever the automatic choice is (they once broke on causal
+// tiles with N ≠ M while every CPU measured took vdpbf16ps or AMX; kernels/bf16.h).
+TEST(AttentionFlashBf16, WidenedFp32PathIsTested) {
+  if (bf16_portable_forced() || std::string(flash_isa()) == "portable")
+    GTEST_SKIP() << "the SIMD set is portable or portable is forced: no widened fp32 tiles";
+  const std::string simd = std::string(flash_isa()) + "_fp32";
+  EXPECT_TRUE(has(path_names(forward_paths(), &attention_flash_bf16_path), simd.c_str()));
+  EXPECT_TRUE(has(path_names(backward_paths(), &attention_flash_bf16_backward_path), simd.c_str()));
+}
 TEST(AttentionFlashBf16, AmxPathIsTested) {
   if (!cpu_has_amx_bf16()) GTEST_SKIP() << "this CPU (or OS) has no AMX-BF16 tiles: amx_bf16 tested only emulated";
   if (!bf16_amx_active()) GTEST_SKIP() << "CABM_NO_AMX or CABM_FORCE_PORTABLE set: amx_bf16 tested only emulated";
@@ -314,8 +323,17 @@ TEST(AttentionFlashBf16, PathNames) {
   }
   const std::string simd = std::string(flash_isa()) + "_fp32";
   if (cpu_has_avx512_bf16()) {
-    ScopedIsa scoped(Bf16Isa::kAvx512Bf16);
-    EXPECT_STREQ(attention_flash_bf16_path(), "avx512_bf16");
+    {
+      ScopedIsa scoped(Bf16Isa::kAvx512Bf16);
+      EXPECT_STREQ(attention_flash_bf16_path(), "avx512_bf16");
+    }
+    // The automatic choice without AMX: vdpbf16ps where it outruns fp32 FMAs, else the widened
+    // tiles on the SIMD set (bf16.h).
+    if (!bf16_amx_active() && !bf16_portable_forced() && std::string(flash_isa()) != "portable") {
+      const std::string want = bf16_vdpbf16ps_active() ? "avx512_bf16" : simd;
+      EXPECT_EQ(attention_flash_bf16_path(), want) << bf16_products_summary();
+      EXPECT_EQ(attention_flash_bf16_backward_path(), want) << bf16_products_summary();
+    }
   } else if (!bf16_portable_forced() && std::string(flash_isa()) != "portable") {
     EXPECT_EQ(attention_flash_bf16_path(), simd);
     EXPECT_EQ(attention_flash_bf16_backward_path(), simd);

@@ -10,8 +10,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -182,6 +184,35 @@ TEST(Bf16Dispatch, OverrideSelectsPath) {
     EXPECT_THROW(set_bf16_isa_override(Bf16Isa::kAvx512Bf16), Error);
     EXPECT_STREQ(bf16_path_name(), "portable");
   }
+}
+
+// The choice between vdpbf16ps and widened fp32 products (bf16.h): a measured rate where the CPU
+// has AVX512_BF16 (0 elsewhere), the override's request, and the environment's pin.
+TEST(Bf16Products, ChoiceFollowsRateOverrideAndPin) {
+  const double rate = vdpbf16ps_to_fma_rate();
+  std::cout << "bf16 products: " << bf16_products_summary() << "\n";
+  if (!cpu_has_avx512_bf16()) {
+    EXPECT_EQ(rate, 0.0);
+    EXPECT_FALSE(bf16_vdpbf16ps_active());
+    return;
+  }
+  // Twice the FMA's multiply-adds per instruction at between a quarter and twice its rate.
+  EXPECT_GT(rate, 0.2);
+  EXPECT_LT(rate, 5.0);
+  EXPECT_EQ(vdpbf16ps_to_fma_rate(), rate);  // measured once
+  set_bf16_isa_override(Bf16Isa::kPortable);
+  EXPECT_FALSE(bf16_vdpbf16ps_active());
+  set_bf16_isa_override(Bf16Isa::kAvx512Bf16);
+  EXPECT_TRUE(bf16_vdpbf16ps_active());
+  EXPECT_NE(bf16_products_summary().find("requested"), std::string::npos) << bf16_products_summary();
+  set_bf16_isa_override(Bf16Isa::kAuto);
+  const char* pin = std::getenv("CABM_BF16_PRODUCTS");
+  const std::string p = pin ? pin : "";
+  bool expected = rate >= kVdpbf16psMinRate;
+  if (p == "vdpbf16ps") expected = true;
+  if (p == "fp32") expected = false;
+  if (bf16_amx_active() || bf16_active_isa() != Bf16Isa::kAvx512Bf16) expected = false;
+  EXPECT_EQ(bf16_vdpbf16ps_active(), expected) << bf16_products_summary();
 }
 
 TEST(Bf16Convert, StridedForms) {

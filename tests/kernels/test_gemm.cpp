@@ -249,6 +249,40 @@ TEST(GemmBf16, MatchesReferenceOnRoundedInputs) {
   const MatrixRefBf16 probe{nullptr, 64, 64, 64}, probe_b{nullptr, 64, 64, 64};
   std::cout << "gemm_bf16 implementation: " << gemm_bf16_implementation(probe, probe_b, 64) << "\n";
   run_bf16_cases("auto");
+  if (!cpu_has_avx512_bf16()) return;
+  // oneDNN's bf16 matmul, which the automatic choice may leave for widened operands (bf16.h).
+  set_bf16_isa_override(Bf16Isa::kAvx512Bf16);
+  std::cout << "requested avx512_bf16: " << gemm_bf16_implementation(probe, probe_b, 64) << "\n";
+  run_bf16_cases("avx512_bf16 requested");
+  set_bf16_isa_override(Bf16Isa::kAuto);
+}
+
+// Where AVX512_BF16 runs without AMX and vdpbf16ps does not outrun fp32 FMAs, the products take
+// widened operands and gemm() without a oneDNN plan, counted apart; requesting avx512_bf16 (or
+// vdpbf16ps winning) keeps oneDNN.
+TEST(GemmBf16, WidenedWhereVdpbf16psIsNotFaster) {
+  std::vector<bf16> a(6, bf16{0x3f80}), b(6, bf16{0x3f80});
+  std::vector<float> c(4);
+  const MatrixRefBf16 ma{a.data(), 2, 3, 3}, mb{b.data(), 3, 2, 2};
+  const std::string reason = "no AMX, vdpbf16ps not faster than FMAs";
+  const bool widened = cpu_has_avx512_bf16() && !cpu_has_amx_bf16() && !bf16_vdpbf16ps_active();
+  EXPECT_EQ(gemm_bf16_implementation(ma, mb, 2).find(reason) != std::string::npos, widened)
+      << gemm_bf16_implementation(ma, mb, 2);
+  if (!widened)
+    GTEST_SKIP() << "gemm_bf16 takes oneDNN here (" << bf16_products_summary() << "; AMX "
+                 << (cpu_has_amx_bf16() ? "present" : "absent") << ")";
+  const auto widened_count = [&] {
+    const std::string used = gemm_bf16_implementations_used(), tag = reason + " (";
+    const size_t at = used.find(tag);
+    return at == std::string::npos ? 0 : std::stoi(used.substr(at + tag.size()));
+  };
+  const int before = widened_count();
+  gemm_bf16(ma, mb, c.data(), 2);
+  EXPECT_EQ(c[3], 3.0f);
+  EXPECT_EQ(widened_count(), before + 1) << gemm_bf16_implementations_used();
+  set_bf16_isa_override(Bf16Isa::kAvx512Bf16);
+  EXPECT_EQ(gemm_bf16_implementation(ma, mb, 2).find("converted"), std::string::npos);
+  set_bf16_isa_override(Bf16Isa::kAuto);
 }
 
 // The summary of what ran names each implementation the cached products use, with the count of
@@ -271,6 +305,8 @@ TEST(GemmBf16, ImplementationsUsedCountsTheShapesThatRan) {
   };
   EXPECT_EQ(shapes_on("fp32 sgemm (converted) (3 shapes), x (1 shape)", "fp32 sgemm (converted)"), 3);
   EXPECT_EQ(total("fp32 sgemm (converted) (3 shapes), x (1 shape)"), 4);
+  // On the oneDNN plans (the automatic choice may widen products without one: test below).
+  if (cpu_has_avx512_bf16()) set_bf16_isa_override(Bf16Isa::kAvx512Bf16);
   std::vector<bf16> a(37 * 29, bf16{0x3f80}), b(29 * 41, bf16{0x3f80});
   std::vector<float> c(37 * 41);
   const MatrixRefBf16 ma{a.data(), 37, 29, 29}, mb{b.data(), 29, 41, 41};
@@ -288,6 +324,7 @@ TEST(GemmBf16, ImplementationsUsedCountsTheShapesThatRan) {
     EXPECT_EQ(total(again), total(after) + 1) << after << " then " << again;
     EXPECT_EQ(shapes_on(again, impl), shapes_on(after, impl) + 1) << after << " then " << again;
   }
+  set_bf16_isa_override(Bf16Isa::kAuto);
 }
 
 TEST(GemmBf16, ForcedPortableAndThreadCounts) {

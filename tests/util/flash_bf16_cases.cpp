@@ -45,9 +45,11 @@ std::vector<MaskCase> mask_cases() {
 
 ScopedPath::ScopedPath(const PathSetting& setting) : isa(setting.isa) {
   detail::set_amx_emulation(setting.emulated_amx);
+  set_bf16_products_override(setting.products);
 }
 ScopedPath::~ScopedPath() {
   detail::set_amx_emulation(false);
+  set_bf16_products_override(Bf16Products::kAuto);
 }
 
 namespace {
@@ -60,6 +62,7 @@ std::vector<PathSetting> paths(const char* (*name)()) {
   if (cpu_has_avx512_bf16()) {
     candidates.push_back({Bf16Isa::kAvx512Bf16});
     candidates.push_back({Bf16Isa::kAvx512Bf16, true});
+    candidates.push_back({Bf16Isa::kAvx512Bf16, false, Bf16Products::kFp32});
   }
   for (const PathSetting& setting : candidates) {
     ScopedPath scoped(setting);

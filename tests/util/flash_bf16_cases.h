@@ -72,11 +72,13 @@ struct ScopedIsa {
   ~ScopedIsa() { set_bf16_isa_override(Bf16Isa::kAuto); }
 };
 
-// One way to reach a path: the override, and whether the AMX forward runs on the scalar model of
-// the tiles (attention/amx_tiles.h), which any AVX-512 BF16 CPU runs.
+// One way to reach a path: the override, whether the AMX forward runs on the scalar model of
+// the tiles (attention/amx_tiles.h), which any AVX-512 BF16 CPU runs, and the products override
+// (the widened fp32 tiles on a CPU whose automatic choice is vdpbf16ps or AMX).
 struct PathSetting {
   Bf16Isa isa;
   bool emulated_amx = false;
+  Bf16Products products = Bf16Products::kAuto;
 };
 struct ScopedPath {
   explicit ScopedPath(const PathSetting& setting);
@@ -87,7 +89,8 @@ struct ScopedPath {
 // The settings that reach each distinct path at run time: forced portable, the automatic choice
 // (amx_bf16 on a CPU with AMX tiles; avx2_fp32 on a CPU without AVX-512 BF16 built with SIMD;
 // unless CABM_FORCE_PORTABLE or CABM_NO_AMX is set), and, where the CPU has AVX-512 BF16, that
-// path without AMX and the AMX kernels on emulated tiles (amx_bf16_emulated).
+// path without AMX, the AMX kernels on emulated tiles (amx_bf16_emulated) and the widened fp32
+// tiles (avx512_fp32 or avx2_fp32, the SIMD set's).
 std::vector<PathSetting> forward_paths();
 std::vector<PathSetting> backward_paths();
 

@@ -306,9 +306,13 @@ bool have_simd_fp32() {
 }
 
 Path forward_path() {
+  const bool vdpbf16ps = bf16_vdpbf16ps_active();
   if (bf16_active_isa() == Bf16Isa::kAvx512Bf16) {
     if (detail::amx_emulation()) return Path::kAmxBf16Emulated;  // a test hook (attention/flash_amx.h)
-    return bf16_amx_active() ? Path::kAmxBf16 : Path::kAvx512Bf16;
+    if (bf16_amx_active()) return Path::kAmxBf16;
+    if (vdpbf16ps) return Path::kAvx512Bf16;
+    // vdpbf16ps does not outrun fp32 FMAs here (bf16.h): the widened tiles, on the SIMD set's FMAs.
+    return have_simd_fp32() ? Path::kSimdFp32 : Path::kPortable;
   }
   if (!bf16_portable_forced() && have_simd_fp32()) return Path::kSimdFp32;
   return Path::kPortable;

@@ -19,14 +19,17 @@
 //   amx_bf16_emulated  the same kernels on a scalar model of the tiles (attention/amx_tiles.h),
 //                taken only while the tests' hook detail::set_amx_emulation is on, on any CPU with
 //                AVX-512 BF16: how the AMX kernels are tested where no AMX exists.
-//   avx512_bf16  CPUs with AVX-512 BF16 (bf16_active_isa() == kAvx512Bf16): both products
+//   avx512_bf16  CPUs with AVX-512 BF16 where vdpbf16ps outruns fp32 FMAs (bf16_vdpbf16ps_active():
+//                measured once per process, or pinned by CABM_BF16_PRODUCTS; the Zen 4 and 5, not
+//                the Intel Xeons measured, which take avx512_fp32 when AMX is absent): both products
 //                with vdpbf16ps on pair-interleaved packed tiles (K: 16 keys × 2 head-dim
 //                elements per zmm; V: 2 keys × 16 columns per zmm; Q and P rows read as 32-bit
 //                pairs and broadcast); the backward's five products on the same micro-kernels
 //                (attention/flash_bf16_backward.h), except for calls with soft-capping or ALiBi,
 //                whose backward runs on the next path.
-//   avx2_fp32    (avx512_fp32 where the build targets AVX-512F) CPUs without AVX-512 BF16, when the
-//                library is built with SIMD (-march=native on an AVX2 + FMA CPU): the bf16 tiles
+//   avx2_fp32    (avx512_fp32 on the avx512 set) CPUs without AVX-512 BF16, or with it where
+//                vdpbf16ps does not outrun fp32 FMAs, when the SIMD set (cpu_isa.h) is not
+//                portable: the bf16 tiles
 //                are widened to fp32 (exact) into per-thread scratch and the fp32 flash kernel's
 //                SIMD tile products run on them (attention/flash_detail.h), with P, dO, dS rounded
 //                to bf16 values at the same points as the portable path.

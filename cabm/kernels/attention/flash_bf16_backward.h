@@ -1,8 +1,8 @@
 // Internal to kernels/: the paths of attention_flash_bf16_backward that attention/flash_bf16.cpp
 // dispatches to (other than the fp32 SIMD tiles'). The packed ones
-// (attention/flash_bf16_backward.cpp): avx512_bf16 where bf16_active_isa() is kAvx512Bf16 without
-// AMX, amx_bf16 where AMX tiles are usable as well, amx_bf16_emulated (the AMX body on the scalar
-// tile model, a test hook); for calls without score variants (soft-cap, ALiBi). GQA is run here.
+// (attention/flash_bf16_backward.cpp): avx512_bf16 where bf16_vdpbf16ps_active() without AMX,
+// amx_bf16 where AMX tiles are usable as well, amx_bf16_emulated (the AMX body on the scalar tile
+// model, a test hook); for calls without score variants (soft-cap, ALiBi). GQA is run here.
 #pragma once
 
 #include "cabm/kernels/attention/bf16_packing.h"
