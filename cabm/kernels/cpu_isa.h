@@ -35,5 +35,14 @@ const char* simd_isa_name(SimdIsa isa);  // "portable", "avx2", "avx512"
 // Bytes of one core's L2 cache as the OS reports it (1 MiB where it reports none), read once: the
 // kernels that prefetch size what they ask for by it.
 int64_t cpu_l2_bytes();
+// The same for one core's L1 data cache (32 KiB where the OS reports none).
+int64_t cpu_l1d_bytes();
+
+// 512-bit FMAs one core retires per cycle, measured once per process on the calling core: a
+// register-only FMA loop against a chain of dependent integer multiplies, 3 cycles each on every
+// x86-64 core (unit_loops.h; best of 8 interleaved rounds of about 0.1 ms). About 2 on cores
+// with two 512-bit FMA pipes (the Intel Xeons measured, family 6 models 167 and 207), 1 where a
+// 512-bit FMA takes both 256-bit pipes (AMD Zen 4); 0 where the CPU lacks AVX-512.
+double avx512_fmas_per_cycle();
 
 }  // namespace cabm

@@ -104,4 +104,15 @@ CABM_AMX double amx_loop(int64_t iterations, float* sink) {
   return 4.0 * 2 * 16 * 16 * 32 * static_cast<double>(iterations);
 }
 
+double imul_chain_cycles(int64_t iterations) {
+  uint64_t x = 3, one = 1;
+  for (int64_t it = 0; it < iterations; ++it)
+    __asm__ volatile(
+        "imul %1, %0\n\timul %1, %0\n\timul %1, %0\n\timul %1, %0\n\t"
+        "imul %1, %0\n\timul %1, %0\n\timul %1, %0\n\timul %1, %0"
+        : "+r"(x)
+        : "r"(one));
+  return 3.0 * 8 * static_cast<double>(iterations);
+}
+
 }  // namespace cabm::detail

@@ -143,9 +143,10 @@ TEST(Flash, TileSizes) {
     check(c);
 }
 
-// flash_resolved_config's defaults: fp32 inputs on the avx512 set of a CPU with AMX take 64 × 64
-// tiles, forward and backward; bf16 inputs there, the other sets and other CPUs keep the older
-// rules; short causal sequences 32 × 32 everywhere; explicit sizes are kept.
+// flash_resolved_config's defaults: fp32 inputs on the avx512 set of a CPU with two 512-bit FMA
+// pipes and a 48 KiB L1d take 64 × 64 tiles, forward and backward; bf16 inputs there, the other
+// sets and other CPUs keep the older rules; short causal sequences 32 × 32 everywhere; explicit
+// sizes are kept.
 TEST(Flash, DefaultTiles) {
   AttentionOptions none, causal;
   causal.mask = Mask::causal();
@@ -155,12 +156,12 @@ TEST(Flash, DefaultTiles) {
   };
   for (SimdIsa isa : test::runnable_isas("tiled attention")) {
     const test::ScopedSimdIsa pin(isa);
-    const bool amx_fp32 = isa == SimdIsa::kAvx512 && cpu_has_amx_bf16();
+    const bool square_fp32 = isa == SimdIsa::kAvx512 && cpu_l1d_bytes() >= 48 * 1024 && avx512_fmas_per_cycle() >= 1.5;
     for (const AttentionOptions* o : {&none, &causal}) {
       for (int64_t d : {32, 64, 128}) {
-        const std::vector<int64_t> forward = {d > 64 ? 32 : 64, 192}, backward = {96, 96}, amx_tiles = {64, 64};
-        EXPECT_EQ(tiles(*o, d, 4096, false, DType::F32), amx_fp32 ? amx_tiles : forward) << simd_isa_name(isa);
-        EXPECT_EQ(tiles(*o, d, 4096, true, DType::F32), amx_fp32 ? amx_tiles : backward) << simd_isa_name(isa);
+        const std::vector<int64_t> forward = {d > 64 ? 32 : 64, 192}, backward = {96, 96}, square = {64, 64};
+        EXPECT_EQ(tiles(*o, d, 4096, false, DType::F32), square_fp32 ? square : forward) << simd_isa_name(isa);
+        EXPECT_EQ(tiles(*o, d, 4096, true, DType::F32), square_fp32 ? square : backward) << simd_isa_name(isa);
         EXPECT_EQ(tiles(*o, d, 4096, false, DType::BF16), forward) << simd_isa_name(isa);
         EXPECT_EQ(tiles(*o, d, 4096, true, DType::BF16), backward) << simd_isa_name(isa);
       }
@@ -172,7 +173,16 @@ TEST(Flash, DefaultTiles) {
     EXPECT_EQ(given.block_q, 16);
     EXPECT_EQ(given.block_k, 48);
   }
-  if (!cpu_has_amx_bf16()) std::printf("skipped: the 64 x 64 defaults of CPUs with AMX (this CPU lacks AMX-BF16)\n");
+  std::printf("L1d %lld KiB, %.2f 512-bit FMAs per cycle: %s\n", static_cast<long long>(cpu_l1d_bytes() >> 10),
+              avx512_fmas_per_cycle(),
+              flash_square_fp32_tiles() ? "64 x 64 fp32 tiles on avx512" : "skipped: the 64 x 64 fp32 defaults");
+  // Every CPU measured: the Xeons two FMA pipes, the Zen 4 one (AVX-512 CPUs only).
+  if (cpu_supports(SimdIsa::kAvx512)) {
+    EXPECT_GT(avx512_fmas_per_cycle(), 0.6);
+    EXPECT_LT(avx512_fmas_per_cycle(), 2.6);
+  } else {
+    EXPECT_EQ(avx512_fmas_per_cycle(), 0.0);
+  }
 }
 
 TEST(Flash, ThreadCountsAgree) {

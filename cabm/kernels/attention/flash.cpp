@@ -40,6 +40,10 @@ void flash_backward(const AttentionSaved& saved, const Tensor& dout, const Atten
 
 }  // namespace
 
+bool flash_square_fp32_tiles() {
+  return cpu_l1d_bytes() >= (int64_t{48} << 10) && avx512_fmas_per_cycle() >= 1.5;
+}
+
 const char* flash_isa() {
   return simd_isa_name(simd_isa());
 }
@@ -72,22 +76,26 @@ FlashConfig flash_resolved_config(const FlashConfig& config, const AttentionOpti
   //    set alike (+0.2 to +2.6 points of the FMA peak); 384 did as well but on avx2 at d 128
   //    (−1.5 to −3.3). The backward stays at 96 × 96. (Not for one query row, KV-cache decoding:
   //    its row sees whole tiles, no diagonal.)
-  //  - fp32 inputs on CPUs with AMX (Intel Xeons from Sapphire Rapids on, whose cores have two
-  //    512-bit FMA units and a 48 KiB L1d) take 64 × 64 tiles, forward and backward, on the avx512
-  //    set. Measured on one (session 27, docs/attention_performance.md: N 4096, H 8, 2 threads,
-  //    three interleaved rounds of 10 forward and 8 backward shapes), 64 × 64 was the best forward
-  //    in all of d 64 / 128 × none / causal (+1.3 to +2.2 points of the FMA peak over 64 × 192 at
-  //    d 64, +9.6 to +11.5 over 32 × 192 at d 128) and the best or within 0.5 of it backward (+2.6
-  //    to +7.4 over 96 × 96). 32-lane tiles lost most (a 12 × 2 micro-kernel for them, as many
-  //    accumulators as 6 × 4, did no better), and 192 keys of scores (48 KiB at 64 lanes) do not
-  //    stay in L1 between the products. Other CPUs keep the rules above (the Zen 4, one 512-bit
-  //    FMA per cycle, ran 192 keys best; 64 × 64 is unmeasured on the Zen 5), and so do the bf16
-  //    kernels (their AMX backward ran 7–18% slower at 64 × 64 on that Xeon).
+  //  - fp32 inputs on cores with two 512-bit FMA pipes and a 48 KiB L1d (avx512_fmas_per_cycle()
+  //    ≥ 1.5, measured; cpu_l1d_bytes()) take 64 × 64 tiles, forward and backward, on the avx512
+  //    set. Measured on an Intel Xeon family 6 model 167 (session 27, docs/attention_performance.md:
+  //    N 4096, H 8, 2 threads, three interleaved rounds of 10 forward and 8 backward shapes), 64 × 64
+  //    was the best forward in all of d 64 / 128 × none / causal (+1.3 to +2.2 points of the FMA
+  //    peak over 64 × 192 at d 64, +9.6 to +11.5 over 32 × 192 at d 128) and the best or within 0.5
+  //    of it backward (+2.6 to +7.4 over 96 × 96). 32-lane tiles lost most (a 12 × 2 micro-kernel
+  //    for them, as many accumulators as 6 × 4, did no better), and 192 keys of scores (48 KiB at
+  //    64 lanes) do not stay in L1 between the products. The rule first keyed on AMX, which such
+  //    Xeons have but a VM may hide: on a model 207 Xeon without AMX exposed (session 34, five
+  //    interleaved rounds) the forward ran 1.02–1.24× as fast at 64 × 64 (1.24× at d 128 without a
+  //    mask), the backward 0.90–1.10× (inside that host's noise). Other CPUs keep the rules above
+  //    (the Zen 4, one 512-bit FMA per cycle, ran 192 keys best; the Zen 5 meets the rule, but 64 ×
+  //    64 is unmeasured there), and so do the bf16 kernels (their AMX backward ran 7–18% slower at
+  //    64 × 64 on the model 167).
   const bool short_diagonal =
       n > 1 && n <= 256 && (options.mask.causal_align() != CausalAlign::kNone || options.mask.has_window());
-  const bool amx_fp32 = dtype == DType::F32 && simd_isa() == SimdIsa::kAvx512 && cpu_has_amx_bf16();
-  const int64_t default_q = short_diagonal ? 32 : amx_fp32 ? 64 : backward ? 96 : (d > 64 ? 32 : 64);
-  const int64_t default_k = short_diagonal ? 32 : amx_fp32 ? 64 : backward ? 96 : 192;
+  const bool square_fp32 = dtype == DType::F32 && simd_isa() == SimdIsa::kAvx512 && flash_square_fp32_tiles();
+  const int64_t default_q = short_diagonal ? 32 : square_fp32 ? 64 : backward ? 96 : (d > 64 ? 32 : 64);
+  const int64_t default_k = short_diagonal ? 32 : square_fp32 ? 64 : backward ? 96 : 192;
   // With a block-sparse layout, tiles that coincide with its blocks let whole blocks be skipped.
   const auto& layouts = options.mask.block_layouts();
   if (c.block_q == 0) {

@@ -62,6 +62,9 @@ void attention_flash_backward(const AttentionSaved& saved, const Tensor& dout, c
 // BF16 (the bf16 kernels' paths that take these tiles, which keep their own measured defaults).
 FlashConfig flash_resolved_config(const FlashConfig& config, const AttentionOptions& options, int64_t d, int64_t n,
                                   bool backward, DType dtype = DType::F32);
+// Whether this CPU's cores take 64 × 64 fp32 tiles on the avx512 set: a 48 KiB L1d or more and
+// two 512-bit FMA pipes (cpu_isa.h: cpu_l1d_bytes, avx512_fmas_per_cycle ≥ 1.5); see the .cpp.
+bool flash_square_fp32_tiles();
 
 // Whether attention_flash_forward / _backward (and the bf16 SIMD path, the same bodies over bf16
 // operands) run these variants themselves: H query heads over Hkv key/value heads, soft-capping,
