@@ -275,8 +275,8 @@ TEST(AttentionFlashBf16, AmxPathIsTested) {
 }
 
 // The packed paths' default tiles are wider (768 keys; AMX: 32 × 768) except where a narrow band or
-// blocks, or a short sequence, keep flash_resolved_config's; the other paths take those; explicit
-// sizes win on every path.
+// blocks, or a short sequence, keep flash_resolved_config's; the other paths take those (the fp32
+// SIMD tiles its fp32 rules); explicit sizes win on every path.
 TEST(AttentionFlashBf16, ForwardTilesPerPath) {
   const Tensor q = Tensor::empty({1, 1024, 2, 64}, DType::BF16), short_q = Tensor::empty({1, 200, 2, 64}, DType::BF16);
   AttentionOptions none, causal, window;
@@ -287,12 +287,13 @@ TEST(AttentionFlashBf16, ForwardTilesPerPath) {
     const std::string path = attention_flash_bf16_path();
     SCOPED_TRACE(path);
     const bool amx = path.rfind("amx_bf16", 0) == 0, packed = amx || path == "avx512_bf16";
+    const DType rules = path == std::string(flash_isa()) + "_fp32" ? DType::F32 : DType::BF16;
     const auto tiles = [](const Tensor& x, const AttentionOptions& o, FlashConfig c = {}) {
       const FlashConfig t = attention_flash_bf16_forward_tiles(x, o, c);
       return std::vector<int64_t>{t.block_q, t.block_k};
     };
-    const auto resolved = [](const Tensor& x, const AttentionOptions& o) {
-      const FlashConfig t = flash_resolved_config({}, o, x.size(3), x.size(1), false, DType::BF16);
+    const auto resolved = [&](const Tensor& x, const AttentionOptions& o) {
+      const FlashConfig t = flash_resolved_config({}, o, x.size(3), x.size(1), false, rules);
       return std::vector<int64_t>{t.block_q, (t.block_k + 15) / 16 * 16};
     };
     const auto wide = [&](const AttentionOptions& o) {

@@ -340,7 +340,9 @@ const char* path_name(Path path) {
 }
 
 // The forward's tiles. P is rounded relative to the running maximum of the tiles seen so far, so a
-// path's bits depend on its tiles. Portable and the fp32 SIMD tiles take flash_resolved_config's;
+// path's bits depend on its tiles. Portable and the fp32 SIMD tiles take flash_resolved_config's
+// (the SIMD tiles its fp32 rules: they run the fp32 bodies, 64 × 64 on cores with two 512-bit
+// FMA pipes);
 // the packed paths (avx512_bf16, AMX) take 768-key tiles for long sequences, AMX with 32 query
 // rows: what is not a product there is mostly per tile and per row (the row reductions, the O
 // rescale, on AMX the S and O tile stores and loads), which 768 keys amortise eight times better
@@ -351,7 +353,8 @@ const char* path_name(Path path) {
 // layouts keep the narrow tiles, which follow their band or blocks, as do sequences of up to 256
 // queries (not measured); explicit tile sizes are kept.
 FlashConfig forward_tiles(Path path, const FlashConfig& config, const AttentionOptions& options, int64_t d, int64_t n) {
-  FlashConfig tiles = flash_resolved_config(config, options, d, n, false, DType::BF16);
+  FlashConfig tiles =
+      flash_resolved_config(config, options, d, n, false, path == Path::kSimdFp32 ? DType::F32 : DType::BF16);
   const Mask& mask = options.mask;
   const bool narrow = n <= 256 || mask.has_window() || !mask.block_layouts().empty();
   if ((is_amx(path) || path == Path::kAvx512Bf16) && !narrow) {

@@ -146,7 +146,8 @@ inline Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, c
                      const FlashConfig& config, bool backward) {
   CABM_CHECK(options.dropout >= 0.0f && options.dropout < 1.0f, "dropout {} outside [0, 1)", options.dropout);
   check_attention_variants(options, q.size(2), q.size(1), k.size(1));
-  const FlashConfig tiles = flash_resolved_config(config, options, q.size(3), q.size(1), backward, q.dtype());
+  // The fp32 rules for bf16 inputs too: these are the fp32 bodies, on widened tiles.
+  const FlashConfig tiles = flash_resolved_config(config, options, q.size(3), q.size(1), backward, DType::F32);
   Problem p{};
   p.B = q.size(0), p.N = q.size(1), p.H = q.size(2), p.M = k.size(1), p.d = q.size(3), p.dv = v.size(3);
   p.Hkv = k.size(2), p.group = p.H / p.Hkv;
