@@ -109,8 +109,8 @@ std::vector<float> bounds(const Case& c, const Operands& o) {
   for (int64_t i = 0; i < c.M; ++i)
     for (int64_t j = 0; j < c.N; ++j) {
       const double beta_c = c.beta == 0.0f ? 0.0 : std::fabs(static_cast<double>(c.beta) * o.c0[i * o.ldc + j]);
-      abs_c[i * o.ldc + j] = static_cast<float>(2.0 * static_cast<double>(c.K + 4) * kU *
-                                                (std::fabs(c.alpha) * abs_c[i * o.ldc + j] + beta_c) + 1e-30);
+      abs_c[i * o.ldc + j] = static_cast<float>(
+          2.0 * static_cast<double>(c.K + 4) * kU * (std::fabs(c.alpha) * abs_c[i * o.ldc + j] + beta_c) + 1e-30);
     }
   return abs_c;
 }
@@ -126,8 +126,8 @@ void expect_within(const Case& c, const Operands& o, const std::vector<float>& g
         continue;
       }
       if (!(std::fabs(got[e] - want[e]) <= bound[e]) && failures++ < 5)
-        ADD_FAILURE() << what << " " << describe(c) << " at (" << i << "," << j << "): " << got[e] << " vs "
-                      << want[e] << " bound " << bound[e];
+        ADD_FAILURE() << what << " " << describe(c) << " at (" << i << "," << j << "): " << got[e] << " vs " << want[e]
+                      << " bound " << bound[e];
     }
   }
 }
@@ -155,8 +155,7 @@ TEST_P(GemmLibraries, Fp32MatchesReference) {
     std::vector<float> want = o.c0, got = o.c0;
     gemm_reference({o.a.data(), c.M, c.K, o.lda, c.ta}, {o.b.data(), c.K, c.N, o.ldb, c.tb}, want.data(), o.ldc,
                    c.alpha, c.beta);
-    gemm({o.a.data(), c.M, c.K, o.lda, c.ta}, {o.b.data(), c.K, c.N, o.ldb, c.tb}, got.data(), o.ldc, c.alpha,
-         c.beta);
+    gemm({o.a.data(), c.M, c.K, o.lda, c.ta}, {o.b.data(), c.K, c.N, o.ldb, c.tb}, got.data(), o.ldc, c.alpha, c.beta);
     expect_within(c, o, got, want, bounds(c, o), "gemm");
   }
 }
@@ -222,7 +221,8 @@ TEST(Gemm, ConcurrentCallsFromThreads) {
   }
   auto differences = [](const std::vector<float>& got, const std::vector<float>& want) {
     int64_t count = 0;
-    for (size_t i = 0; i < got.size(); ++i) count += !(got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i])));
+    for (size_t i = 0; i < got.size(); ++i)
+      count += !(got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i])));
     return count;
   };
   constexpr int kThreads = 4, kRepeats = 6;
@@ -324,6 +324,41 @@ TEST(GemmBf16, ImplementationsUsedCountsTheShapesThatRan) {
     EXPECT_EQ(total(again), total(after) + 1) << after << " then " << again;
     EXPECT_EQ(shapes_on(again, impl), shapes_on(after, impl) + 1) << after << " then " << again;
   }
+  set_bf16_isa_override(Bf16Isa::kAuto);
+}
+
+// Operands widened on several threads in blocks of rows (more than 2^18 values, odd sizes, a
+// transposed A): every element written, the same bits for any thread count, and equal to the
+// product of the fp32 values (sums of exact products, within the fp32 summation bound).
+TEST(GemmBf16, WidenedOperandsSpanSeveralBlocks) {
+  set_bf16_isa_override(Bf16Isa::kPortable);  // the converted route (oneDNN only where it would emulate bf16)
+  const int64_t M = 37, K = 9001, N = 43;     // A and B stored as 9001 rows: two blocks each
+  std::vector<float> a32(static_cast<size_t>(K * M)), b32(static_cast<size_t>(K * N));
+  for (size_t i = 0; i < a32.size(); ++i)
+    a32[i] = static_cast<float>(static_cast<int>(i * 2654435761u % 2001) - 1000) / 512;
+  for (size_t i = 0; i < b32.size(); ++i) b32[i] = static_cast<float>(static_cast<int>(i * 40503u % 1999) - 999) / 256;
+  std::vector<bf16> a16(a32.size()), b16(b32.size());
+  float_to_bf16(a32.data(), a16.data(), static_cast<int64_t>(a32.size()));
+  float_to_bf16(b32.data(), b16.data(), static_cast<int64_t>(b32.size()));
+  bf16_to_float(a16.data(), a32.data(), static_cast<int64_t>(a32.size()));
+  bf16_to_float(b16.data(), b32.data(), static_cast<int64_t>(b32.size()));
+  const MatrixRefBf16 a{a16.data(), M, K, M, true}, b{b16.data(), K, N, N};
+  std::vector<std::vector<float>> got;
+  for (int threads : {1, 2}) {
+    test::ScopedThreads scoped(threads);
+    got.emplace_back(static_cast<size_t>(M * N), -7.0f);
+    gemm_bf16(a, b, got.back().data(), N);
+  }
+  EXPECT_EQ(got[0], got[1]);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double want = 0, magnitude = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        want += double(a32[static_cast<size_t>(k * M + i)]) * b32[static_cast<size_t>(k * N + j)];
+        magnitude += std::fabs(double(a32[static_cast<size_t>(k * M + i)]) * b32[static_cast<size_t>(k * N + j)]);
+      }
+      ASSERT_NEAR(got[0][static_cast<size_t>(i * N + j)], want, 2.0 * K * kU * magnitude + 1e-6) << i << ", " << j;
+    }
   set_bf16_isa_override(Bf16Isa::kAuto);
 }
 
@@ -447,7 +482,8 @@ TEST(GemmRoute, DecidedOnceKeptInWisdom) {
     EXPECT_EQ(line.find("family ? model ?"), std::string::npos) << line;
 #endif
   }
-  EXPECT_NE(gemm_route_summary().find("TN M~512 N~256 K~256 ld 300 256 256 t"), std::string::npos) << gemm_route_summary();
+  EXPECT_NE(gemm_route_summary().find("TN M~512 N~256 K~256 ld 300 256 256 t"), std::string::npos)
+      << gemm_route_summary();
 
   reset_gemm_routes(wisdom);  // a new process on the same machine
   run();
