@@ -52,8 +52,8 @@ bool bf16_amx_active();
 // the bf16 values widened to fp32 (exact; the same roundings at the same points, so the same
 // contract). vdpbf16ps does twice an FMA's multiply-adds per instruction but not per cycle on
 // every CPU: the Zen 4 and Zen 5 run it at 2.0× their FMA loop's multiply-adds, the Intel Xeons
-// measured (family 6 models 167 and 207) at 0.5×, where the vdpbf16ps attention ran at 0.61–0.80×
-// the fp32 kernel's speed and the widened one at about 1× (docs/mixed_precision.md, session 34).
+// measured (family 6 models 167 and 207) at 0.5×, where the vdpbf16ps attention ran at 0.53–0.80×
+// the fp32 kernel's speed and the widened one at 0.85–1.23× (docs/mixed_precision.md, session 34).
 //
 // vdpbf16ps_to_fma_rate(): multiply-adds per second of vdpbf16ps over fp32 FMAs on the calling
 // core (unit_loops.h's loops, best of 8 interleaved rounds of about 0.1 ms each), measured once
@@ -62,7 +62,7 @@ double vdpbf16ps_to_fma_rate();
 // Whether the bf16 kernels take vdpbf16ps. Never where bf16_active_isa() is not kAvx512Bf16; else
 // the first that applies: set_bf16_products_override (tests, comparisons); the isa override
 // kAvx512Bf16 (yes); bf16_amx_active() (no: the tiles); the environment's CABM_BF16_PRODUCTS,
-// read at the first call ("vdpbf16ps", "fp32"; unset or "auto": on); vdpbf16ps_to_fma_rate() ≥
+// read at the first call ("vdpbf16ps" or "fp32"; unset or "auto": go on); vdpbf16ps_to_fma_rate() ≥
 // kVdpbf16psMinRate. Another value of the variable throws a UsageError naming it, on every CPU.
 inline constexpr double kVdpbf16psMinRate = 1.25;
 bool bf16_vdpbf16ps_active();

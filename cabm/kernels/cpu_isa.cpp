@@ -14,6 +14,12 @@
 namespace cabm {
 namespace {
 
+// A cache size the OS reports (glibc reads it from CPUID), or `fallback` where it reports none.
+[[maybe_unused]] int64_t sysconf_bytes(int name, int64_t fallback) {
+  const long b = sysconf(name);
+  return b > 0 ? static_cast<int64_t>(b) : fallback;
+}
+
 // -1: no override; else the SimdIsa value.
 std::atomic<int> g_override{-1};
 
@@ -82,13 +88,11 @@ const char* simd_isa_name(SimdIsa isa) {
 }
 
 int64_t cpu_l1d_bytes() {
-  static const int64_t bytes = [] {
-    long b = 0;
 #if defined(_SC_LEVEL1_DCACHE_SIZE)
-    b = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+  static const int64_t bytes = sysconf_bytes(_SC_LEVEL1_DCACHE_SIZE, int64_t{32} << 10);
+#else
+  static const int64_t bytes = int64_t{32} << 10;
 #endif
-    return b > 0 ? static_cast<int64_t>(b) : int64_t{32} << 10;
-  }();
   return bytes;
 }
 
@@ -114,13 +118,11 @@ double avx512_fmas_per_cycle() {
 }
 
 int64_t cpu_l2_bytes() {
-  static const int64_t bytes = [] {
-    long b = 0;
 #if defined(_SC_LEVEL2_CACHE_SIZE)
-    b = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  static const int64_t bytes = sysconf_bytes(_SC_LEVEL2_CACHE_SIZE, int64_t{1} << 20);
+#else
+  static const int64_t bytes = int64_t{1} << 20;
 #endif
-    return b > 0 ? static_cast<int64_t>(b) : int64_t{1} << 20;
-  }();
   return bytes;
 }
 

@@ -6,10 +6,11 @@
 //
 // `cabm bench` times them on every thread for the peaks it prints (cli/bench_util.h); the bf16
 // kernels time the FMA and vdpbf16ps loops once per process on one core to choose between their
-// vdpbf16ps and widened fp32 products (vdpbf16ps_to_fma_rate() in bf16.h), and the FMA loop
-// against a multiply chain to count FMA pipes (avx512_fmas_per_cycle() in cpu_isa.h). Each loop is compiled
-// for its instruction set by target attribute whatever the build's flags, and may only be called
-// where the CPU has that set (cpu_isa.h's cpu_supports, cpu_has_avx512_bf16, cpu_has_amx_bf16).
+// vdpbf16ps and widened fp32 products (vdpbf16ps_to_fma_rate() in bf16.h), and the tile rules
+// the FMA loop against a multiply chain to count FMA pipes (avx512_fmas_per_cycle(), cpu_isa.h).
+// Each loop is compiled for its instruction set by target attribute whatever the build's flags,
+// and may only be called where the CPU has that set (cpu_isa.h's cpu_supports,
+// cpu_has_avx512_bf16, cpu_has_amx_bf16).
 #pragma once
 
 #include <cstdint>

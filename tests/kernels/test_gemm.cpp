@@ -245,6 +245,13 @@ TEST(Gemm, ConcurrentCallsFromThreads) {
   EXPECT_EQ(mismatches, 0) << "OpenMP threads";
 }
 
+// The count that follows `tag` in gemm_bf16_implementations_used() ("... (N products)"), 0 if absent.
+int products_counted(const std::string& tag) {
+  const std::string used = gemm_bf16_implementations_used();
+  const size_t at = used.find(tag);
+  return at == std::string::npos ? 0 : std::stoi(used.substr(at + tag.size()));
+}
+
 TEST(GemmBf16, MatchesReferenceOnRoundedInputs) {
   const MatrixRefBf16 probe{nullptr, 64, 64, 64}, probe_b{nullptr, 64, 64, 64};
   std::cout << "gemm_bf16 implementation: " << gemm_bf16_implementation(probe, probe_b, 64) << "\n";
@@ -271,11 +278,7 @@ TEST(GemmBf16, WidenedWhereVdpbf16psIsNotFaster) {
   if (!widened)
     GTEST_SKIP() << "gemm_bf16 takes oneDNN here (" << bf16_products_summary() << "; AMX "
                  << (cpu_has_amx_bf16() ? "present" : "absent") << ")";
-  const auto widened_count = [&] {
-    const std::string used = gemm_bf16_implementations_used(), tag = reason + " (";
-    const size_t at = used.find(tag);
-    return at == std::string::npos ? 0 : std::stoi(used.substr(at + tag.size()));
-  };
+  const auto widened_count = [&] { return products_counted(reason + " ("); };
   const int before = widened_count();
   gemm_bf16(ma, mb, c.data(), 2);
   EXPECT_EQ(c[3], 3.0f);
@@ -368,11 +371,7 @@ TEST(GemmBf16, ForcedPortableAndThreadCounts) {
     std::vector<bf16> a(6, bf16{0x3f80}), b(6, bf16{0x3f80});
     std::vector<float> c(4);
     const MatrixRefBf16 ma{a.data(), 2, 3, 3}, mb{b.data(), 3, 2, 2};
-    const auto forced_count = [] {
-      const std::string used = gemm_bf16_implementations_used(), tag = "portable forced (";
-      const size_t at = used.find(tag);
-      return at == std::string::npos ? 0 : std::stoi(used.substr(at + tag.size()));
-    };
+    const auto forced_count = [] { return products_counted("portable forced ("); };
     const int before = forced_count();
     gemm_bf16(ma, mb, c.data(), 2);
     EXPECT_EQ(c[3], 3.0f);

@@ -88,9 +88,10 @@ FlashConfig flash_resolved_config(const FlashConfig& config, const AttentionOpti
   //    Xeons have but a VM may hide: on a model 207 Xeon without AMX exposed (session 34, five
   //    interleaved rounds) the forward ran 1.02–1.24× as fast at 64 × 64 (1.24× at d 128 without a
   //    mask), the backward 0.90–1.10× (inside that host's noise). Other CPUs keep the rules above
-  //    (the Zen 4, one 512-bit FMA per cycle, ran 192 keys best; the Zen 5 meets the rule, but 64 ×
-  //    64 is unmeasured there), and so do the bf16 kernels (their AMX backward ran 7–18% slower at
-  //    64 × 64 on the model 167).
+  //    (the Zen 4, one 512-bit FMA per cycle, ran 192 keys best; the Zen 5, 48 KiB L1d and two
+  //    512-bit FMA pipes by AMD's description, should meet the rule, where 64 × 64 is unmeasured),
+  //    and so do the bf16 kernels' packed and portable paths (their AMX backward ran 7–18% slower
+  //    at 64 × 64 on the model 167); their fp32 SIMD path asks for the fp32 rules (flash_item.h).
   const bool short_diagonal =
       n > 1 && n <= 256 && (options.mask.causal_align() != CausalAlign::kNone || options.mask.has_window());
   const bool square_fp32 = dtype == DType::F32 && simd_isa() == SimdIsa::kAvx512 && flash_square_fp32_tiles();
