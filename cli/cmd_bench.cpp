@@ -331,8 +331,7 @@ void bench_attention(const BenchFlags& f) {
     if (side_by_side)
       std::printf("bf16: attention_flash_bf16 on the same values rounded to bf16, timed after fp32 in the same run; "
                   "bf16/fp32 = fp32 time / bf16 time\n");
-    if (side_by_side && cpu_has_avx512_bf16() && !bf16_amx_active())
-      std::printf("bf16 products: %s\n", bf16_products_summary().c_str());
+    if (side_by_side) std::printf("bf16 products: %s\n", bf16_products_summary().c_str());
     std::printf("FMA peak (%s loop, %d threads): %.1f GFLOP/s\n", fma_peak_isa(), num_threads(), peak * 1e-9);
     if (peaks.vdpbf16ps > 0)
       std::printf("vdpbf16ps peak (AVX512_BF16 loop, %d threads): %.1f GFLOP/s\n", num_threads(), peaks.vdpbf16ps * 1e-9);
@@ -377,6 +376,7 @@ void bench_attention(const BenchFlags& f) {
     if (f.bf16()) {
       j["bf16_path"] = attention_flash_bf16_path();
       j["bf16_backward_path"] = attention_flash_bf16_backward_path();
+      j["bf16_products"] = bf16_products_summary();
     }
     j["peak_isa"] = fma_peak_isa();
     j["threads"] = num_threads();

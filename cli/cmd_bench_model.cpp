@@ -66,7 +66,7 @@ Paired time_paired(int64_t repeats, const std::function<void()>& fp32, const std
 void print_paths() {
   std::printf("bf16 paths: conversions %s, attention forward %s, backward %s\n", bf16_conversion_path_name(),
               attention_flash_bf16_path(), attention_flash_bf16_backward_path());
-  if (cpu_has_avx512_bf16() && !cpu_has_amx_bf16()) std::printf("bf16 products: %s\n", bf16_products_summary().c_str());
+  std::printf("bf16 products: %s\n", bf16_products_summary().c_str());
 }
 
 void print_row(const char* what, const Paired& t, double tokens) {

@@ -145,14 +145,32 @@ double vdpbf16ps_to_fma_rate() {
 #endif
 }
 
-bool bf16_vdpbf16ps_active() {
+namespace {
+
+// Which unit the bf16 kernels multiply on, and which rule of bf16.h decided it: the one place that
+// applies the rules, for both bf16_vdpbf16ps_active() and the summary.
+enum class ProductsRule { kNoAvx512Bf16Path, kRequested, kAmx, kEnvironment, kMeasured };
+struct ProductsChoice {
+  bool vdpbf16ps;
+  ProductsRule rule;
+};
+
+ProductsChoice choose_products() {
   const int pin = products_pin();  // first: a bad value is an error on every CPU
-  if (bf16_active_isa() != Bf16Isa::kAvx512Bf16) return false;
+  if (bf16_active_isa() != Bf16Isa::kAvx512Bf16) return {false, ProductsRule::kNoAvx512Bf16Path};
   const auto products = static_cast<Bf16Products>(g_products_override.load(std::memory_order_relaxed));
-  if (products != Bf16Products::kAuto) return products == Bf16Products::kVdpbf16ps;
-  if (static_cast<Bf16Isa>(g_override.load(std::memory_order_relaxed)) == Bf16Isa::kAvx512Bf16) return true;
-  if (bf16_amx_active()) return false;  // the AMX tiles instead
-  return pin != 0 ? pin > 0 : vdpbf16ps_to_fma_rate() >= kVdpbf16psMinRate;
+  if (products != Bf16Products::kAuto) return {products == Bf16Products::kVdpbf16ps, ProductsRule::kRequested};
+  if (static_cast<Bf16Isa>(g_override.load(std::memory_order_relaxed)) == Bf16Isa::kAvx512Bf16)
+    return {true, ProductsRule::kRequested};
+  if (bf16_amx_active()) return {false, ProductsRule::kAmx};  // the AMX tiles instead
+  if (pin != 0) return {pin > 0, ProductsRule::kEnvironment};
+  return {vdpbf16ps_to_fma_rate() >= kVdpbf16psMinRate, ProductsRule::kMeasured};
+}
+
+}  // namespace
+
+bool bf16_vdpbf16ps_active() {
+  return choose_products().vdpbf16ps;
 }
 
 void set_bf16_products_override(Bf16Products products) {
@@ -160,17 +178,23 @@ void set_bf16_products_override(Bf16Products products) {
 }
 
 std::string bf16_products_summary() {
-  if (bf16_active_isa() != Bf16Isa::kAvx512Bf16) return "fp32 FMAs on widened bf16 (no AVX512_BF16 path)";
-  std::string why;
-  if (static_cast<Bf16Products>(g_products_override.load(std::memory_order_relaxed)) != Bf16Products::kAuto ||
-      static_cast<Bf16Isa>(g_override.load(std::memory_order_relaxed)) == Bf16Isa::kAvx512Bf16)
-    why = "requested";
-  else if (products_pin() != 0)
-    why = "CABM_BF16_PRODUCTS";
-  else
+  const ProductsChoice choice = choose_products();
+  switch (choice.rule) {
+    case ProductsRule::kNoAvx512Bf16Path:
+      return bf16_portable_forced() ? "portable (the portable path is forced)"
+                                    : "fp32 FMAs on widened bf16 (no AVX512_BF16 path)";
+    case ProductsRule::kAmx:
+      return "AMX tiles (the CPU has AMX-BF16; CABM_NO_AMX=1 turns them off)";
+    case ProductsRule::kRequested:
+    case ProductsRule::kEnvironment:
+    case ProductsRule::kMeasured:
+      break;
+  }
+  std::string why = choice.rule == ProductsRule::kRequested ? "requested" : "CABM_BF16_PRODUCTS";
+  if (choice.rule == ProductsRule::kMeasured)
     why = fmt::format("vdpbf16ps {:.2f}x the FMA multiply-adds on one core, {} {:.2f}", vdpbf16ps_to_fma_rate(),
-                      vdpbf16ps_to_fma_rate() >= kVdpbf16psMinRate ? "at least" : "under", kVdpbf16psMinRate);
-  return fmt::format("{} ({})", bf16_vdpbf16ps_active() ? "vdpbf16ps" : "fp32 FMAs on widened bf16", why);
+                      choice.vdpbf16ps ? "at least" : "under", kVdpbf16psMinRate);
+  return fmt::format("{} ({})", choice.vdpbf16ps ? "vdpbf16ps" : "fp32 FMAs on widened bf16", why);
 }
 
 void set_bf16_isa_override(Bf16Isa isa) {

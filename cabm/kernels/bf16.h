@@ -69,7 +69,8 @@ bool bf16_vdpbf16ps_active();
 enum class Bf16Products { kAuto, kVdpbf16ps, kFp32 };
 // Not meant to be changed while kernels run on other threads (as set_bf16_isa_override).
 void set_bf16_products_override(Bf16Products products);
-// One line for `cabm bench`: which products bf16_vdpbf16ps_active() chose and why.
+// One line for `cabm bench`: the unit the bf16 products run on (AMX tiles, vdpbf16ps, fp32 FMAs on
+// widened values, or the portable path) and the rule above that chose it.
 std::string bf16_products_summary();
 // "avx512_bf16" or "portable": for `cabm bench` and benchmark labels.
 const char* bf16_path_name();

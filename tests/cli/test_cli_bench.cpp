@@ -108,7 +108,21 @@ TEST(CliBench, Bf16ProductsPin) {
     const CmdResult r = cabm("bench attention --n 64 --d 16 --masks none --repeats 1 --json --precision both");
     ::unsetenv("CABM_BF16_PRODUCTS");
     EXPECT_EQ(r.status, 0) << pin << ": " << r.err;
-    return r.status == 0 ? nlohmann::json::parse(r.out).at("bf16_path").get<std::string>() : std::string();
+    if (r.status != 0) return std::string();
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    const std::string path = j.at("bf16_path").get<std::string>(), products = j.at("bf16_products").get<std::string>();
+    // The summary names the unit of the path and, where a pin decided it, the pin.
+    const auto starts = [&](const std::string& unit) { return products.rfind(unit, 0) == 0; };
+    std::string unit;  // the portable path's line is not checked here
+    if (path == "avx512_bf16") unit = "vdpbf16ps (";
+    if (path.find("_fp32") != std::string::npos) unit = "fp32 FMAs on widened bf16 (";
+    if (path == "amx_bf16") unit = "AMX tiles (";
+    EXPECT_TRUE(starts(unit)) << path << ": " << products;
+    const bool pinned = std::string(pin) != "auto" && path != "portable";
+    if (pinned && cpu_has_avx512_bf16() && !cpu_has_amx_bf16()) {
+      EXPECT_NE(products.find("CABM_BF16_PRODUCTS"), std::string::npos) << products;
+    }
+    return path;
   };
   ::setenv("CABM_BF16_PRODUCTS", "bf16", 1);
   expect_one_line_error(cabm("bench attention --n 64 --d 16 --masks none --repeats 1 --precision both"),
