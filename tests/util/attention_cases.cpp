@@ -289,6 +289,10 @@ std::vector<FlashCase> thread_count_cases() {
     c.options.mask = Mask::causal();
     cases.push_back(c);
   }
+  // Query rows in chunks of 64 (four), odd sizes, keys padded: the backward's runs in every chunk.
+  FlashCase chunked{{1, 250, 333, 1, 40, 24}, {}, {32, 48, 64}};
+  chunked.options.mask = Mask::key_padding({300});
+  cases.push_back(chunked);
   return cases;
 }
 

@@ -51,9 +51,10 @@ void attention_flash_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
 // FlashAttention-2 backward. saved.lse is required (from attention_flash_forward, or the
 // reference forward: both give the same quantity); dout [B, N, H, dv]; grads are overwritten.
 // Work is split over key/value heads with their groups of query heads (dynamically, when there are
-// enough) or over key tiles (each owns its rows of dk, dv); dq is accumulated per thread and per
-// head, and heads split between threads are summed in thread order, see the .cpp. Deterministic for
-// a given thread count; out, lse, dk and dv are the same bits for any thread count.
+// enough) or over runs of key tiles (each owns its rows of dk, dv; the runs follow the machine's
+// processors, not the thread count); dq of a head cut between runs sums the runs' partials in run
+// order (attention/flash_backward_body.h). out, lse, dq, dk and dv are the same bits for any
+// thread count.
 void attention_flash_backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
                               const AttentionGrads& grads, const FlashConfig& config = {});
 

@@ -255,14 +255,19 @@ void write_dq_rows(const BackwardArgs& args, const float* acc, int64_t dp, int64
 }
 
 // The backward's work split when there are few key/value heads (see attention_flash_backward):
-// for each chunk of query rows in turn, contiguous runs of key tiles. Called by every thread of the
-// parallel region (it contains barriers).
+// for each chunk of query rows in turn, the work items (b, hk, key tile) in order are cut into
+// backward_split_runs() contiguous runs of equal estimated cost (flash_item.h), and thread t of T
+// takes runs [t·R/T, (t+1)·R/T). Each run accumulates its share of a head's dq from zero; a head
+// cut between runs gets dq = ((P₀ + P₁) + P₂) + … over its runs' partials in run order, whichever
+// thread computed them. Called by every thread of the parallel region (it contains barriers).
 template <typename Elem>
 void backward_split_key_tiles(const BackwardArgs& args, KeyTileFn key_tile, std::vector<int64_t>& prefix,
-                              std::vector<std::array<Partial, 2>>& partials, int t, int T) {
+                              std::vector<SplitPartials>& shared, int t, int T) {
   const Problem& p = args.p;
   const int64_t n_kt = ceil_div(p.M, p.block_k), n_items = p.B * p.Hkv * n_kt, dp = round_up(p.d, kWidth);
+  const int R = backward_split_runs(), r0 = t * R / T, r1 = (t + 1) * R / T;
   BackwardBuffers buf(p, args.chunk_rows);
+  SplitPartials& mine = shared[static_cast<size_t>(t)];
   // The chunks of whole-head mode, in the same order: each key tile's dk and dv rows are written by
   // the first chunk and added to by the later ones exactly as there, so they are the same bits
   // whichever mode ran (any thread count), and the buffers stay as small.
@@ -279,27 +284,43 @@ void backward_split_key_tiles(const BackwardArgs& args, KeyTileFn key_tile, std:
         const int64_t seen = std::max<int64_t>(0, std::min(rows.end, chunk.end) - std::max(rows.begin, chunk.begin));
         prefix[n + 1] = prefix[n] + seen * p.group + 1;
       }
-      for (auto& slots : partials)
-        for (Partial& slot : slots) slot.head = -1;
     }  // (a barrier)
     const int64_t total = prefix.back();
-    const auto cut = [&](int u) {
-      return static_cast<int64_t>(std::lower_bound(prefix.begin(), prefix.end(), total * u / T) - prefix.begin());
+    const auto cut = [&](int r) {
+      return static_cast<int64_t>(std::lower_bound(prefix.begin(), prefix.end(), total * r / R) - prefix.begin());
     };
-    const Range run{cut(t), cut(t + 1)};
-    if (run.begin < run.end) {
-      buf.head = -1;
+    // The running sum of the head begun in this thread's runs, then this thread's partials of the
+    // head an earlier thread began (only thread 0 never has one).
+    float* const sum = scratch(kSplitDq, (1 + (r0 > 0 ? r1 - r0 : 0)) * acc_floats);
+    mine.open_head = -1;
+    mine.continued_head = -1;
+    mine.continued.clear();
+    int64_t sum_head = -1;
+    for (int r = r0; r < r1; ++r) {
+      const Range run{cut(r), cut(r + 1)};
       const auto finish_head = [&]() {
-        const int64_t hd = buf.head;
-        if (hd * n_kt >= run.begin && (hd + 1) * n_kt <= run.end) {
-          write_dq_rows(args, buf.dq, buf.dp, hd / p.Hkv, hd % p.Hkv, chunk);
+        const int64_t hd = buf.head, b = hd / p.Hkv, hk = hd % p.Hkv;
+        const bool starts = hd * n_kt >= run.begin, ends = (hd + 1) * n_kt <= run.end;
+        if (starts && ends) return write_dq_rows(args, buf.dq, dp, b, hk, chunk);
+        if (hd * n_kt < cut(r0)) {  // begun by an earlier thread, which adds this in
+          float* part = sum + (1 + static_cast<int64_t>(mine.continued.size())) * acc_floats;
+          std::copy_n(buf.dq, acc_floats, part);
+          mine.continued_head = hd;
+          mine.continued.push_back(part);
+          return;
+        }
+        if (starts) {
+          std::copy_n(buf.dq, acc_floats, sum);
+          sum_head = hd;
         } else {
-          Partial& slot = partials[t][hd * n_kt < run.begin ? 0 : 1];
-          slot.head = hd;
-          slot.acc = Floats(acc_floats);
-          std::copy_n(buf.dq, acc_floats, slot.acc.get());
+          for (int64_t e = 0; e < acc_floats; ++e) sum[e] += buf.dq[e];
+        }
+        if (ends) {
+          write_dq_rows(args, sum, dp, b, hk, chunk);
+          sum_head = -1;
         }
       };
+      buf.head = -1;
       for (int64_t n = run.begin; n < run.end; ++n) {
         const int64_t hd = n / n_kt;
         if (hd != buf.head) {
@@ -308,20 +329,22 @@ void backward_split_key_tiles(const BackwardArgs& args, KeyTileFn key_tile, std:
         }
         key_tile(args, buf, hd / p.Hkv, hd % p.Hkv, n % n_kt);
       }
-      finish_head();
+      if (buf.head >= 0) finish_head();
+    }
+    if (sum_head >= 0) {
+      mine.open_head = sum_head;
+      mine.open_sum = sum;
     }
 #pragma omp barrier
-    // Heads cut between runs: the thread where the head starts (its slot 1) sums all parts in
-    // thread order; later threads hold the rest in their slot 0.
-    if (Partial& mine = partials[t][1]; mine.head >= 0) {
-      const int64_t hd = mine.head;
-      float* acc = mine.acc.get();
+    // A head continued by later threads: their partials added in thread and run order.
+    if (mine.open_head >= 0) {
       for (int u = t + 1; u < T; ++u) {
-        const Partial& other = partials[u][0];
-        if (other.head != hd) continue;
-        for (int64_t e = 0; e < acc_floats; ++e) acc[e] += other.acc.get()[e];
+        const SplitPartials& other = shared[static_cast<size_t>(u)];
+        if (other.continued_head != mine.open_head) continue;
+        for (const float* part : other.continued)
+          for (int64_t e = 0; e < acc_floats; ++e) mine.open_sum[e] += part[e];
       }
-      write_dq_rows(args, acc, dp, hd / p.Hkv, hd % p.Hkv, chunk);
+      write_dq_rows(args, mine.open_sum, dp, mine.open_head / p.Hkv, mine.open_head % p.Hkv, chunk);
     }
 #pragma omp barrier  // before the next chunk's prefix and partials
   }
@@ -335,17 +358,18 @@ void backward_split_key_tiles(const BackwardArgs& args, KeyTileFn key_tile, std:
 // accumulates dq for the head in hand in a private [rows, d] buffer. A "head" here is a key/value
 // head with the query heads of its group (GQA; one query head without): the group's sums into dk
 // and dv stay inside one work item, in head order.
-//  - with enough heads (B·Hkv a multiple of the thread count, or at least 4 per thread), whole heads
-//    are handed out dynamically (robust when a thread is slowed down); dq has one writer per head.
+//  - with enough heads (B·Hkv a multiple of R = backward_split_runs(), the processors this process
+//    may use up to 16, or at least 4R), whole heads are handed out dynamically (robust when a
+//    thread is slowed down); dq has one writer per head.
 //    A long head is walked in chunks of query rows (backward_chunk_rows), each against every key
 //    tile, so the buffers stay within a few MiB per thread whatever N;
 //  - otherwise, chunk by chunk of query rows (the same chunks), the work items (b, hk, key tile),
-//    in order, are cut into one contiguous run per thread with equal estimated cost; a head within
-//    one run is written directly, and the few heads cut between runs (at most one per boundary)
-//    are summed from the threads' partial buffers in thread order after a barrier.
-// Either way dq is deterministic for a given thread count and costs no extra arithmetic, and dk,
-// dv (one writer per key tile, chunks in order) are the same bits for any thread count. Memory:
-// O(threads · group · chunk rows · d).
+//    in order, are cut into R contiguous runs with equal estimated cost, shared out among the
+//    threads; a head within one run is written directly, and the few heads cut between runs (at
+//    most one per boundary) sum the runs' partials in run order (backward_split_key_tiles).
+// Neither the mode nor the runs depend on the thread count, so dq is the same bits for any thread
+// count (on a given machine: R follows its processors), as dk and dv (one writer per key tile,
+// chunks in order) are everywhere. Memory: O(R · group · chunk rows · d) at most.
 template <typename Elem>
 void backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
               const AttentionGrads& grads, const FlashConfig& config) {
@@ -357,13 +381,14 @@ void backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOp
   // Heads here are key/value heads: each work item covers the query heads of its group.
   const int64_t n_kt = ceil_div(p.M, p.block_k), heads = p.B * p.Hkv;
   std::vector<int64_t> prefix(static_cast<size_t>(heads * n_kt + 1), 0);  // of the split
-  std::vector<std::array<Partial, 2>> partials(static_cast<size_t>(omp_get_max_threads()));
+  std::vector<SplitPartials> partials(static_cast<size_t>(omp_get_max_threads()));
+  const int runs = backward_split_runs();
   std::atomic<int64_t> next_head{0};  // of whole-head mode
 
 #pragma omp parallel
   {
     const int t = omp_get_thread_num(), T = omp_get_num_threads();
-    if (heads % T == 0 || heads >= 4 * T) {
+    if (heads % runs == 0 || heads >= 4 * runs) {
       // Enough heads to balance: whole heads, handed out dynamically. Each head has one owner, so
       // dq needs no partial sums and does not depend on the thread count at all.
       // Heads are claimed one ahead (a shared counter, as `omp for schedule(dynamic, 1)` would hand

@@ -75,7 +75,7 @@ class Floats {
 // thread has needed and is freed when the thread ends. Contents are unspecified.
 enum Slot { kPackedK, kPackedV, kQt, kS, kO, kMaskTile, kZ, kM, kL, kAlpha, kTileMax,
             kKt, kVt, kKs, kDKt, kDVt, kDP, kLse2, kDelta, kDQ, kHeadQ, kHeadG, kQOff, kKOff, kCapGrad,
-            kSlots };
+            kSplitDq, kSlots };
 inline float* scratch(Slot slot, int64_t n) {
   thread_local std::array<std::pair<int64_t, Floats>, kSlots> pool;
   auto& [capacity, buffer] = pool[slot];
@@ -178,9 +178,25 @@ inline int64_t backward_chunk_rows(const Problem& p, const FlashConfig& config) 
   return std::max<int64_t>(1, kChunkBytes / row_bytes / p.block_q) * p.block_q;
 }
 
-struct Partial {  // dq of a key/value head's query heads this thread shares with a neighbour
-  int64_t head = -1;
-  Floats acc;
+// The backward's split of few heads (attention/flash_backward_body.h): the key tiles of each chunk
+// are cut into runs of equal estimated cost, as many as the processors this process may use (at
+// most kMaxSplitRuns), never as many as the threads: any thread count then computes the same
+// partial sums of dq and adds them in the same order, so dq is the same bits for every thread
+// count, as out, lse, dk and dv are. With fewer threads than runs a thread takes several runs.
+inline constexpr int kMaxSplitRuns = 16;
+inline int backward_split_runs() {
+  static const int runs = std::clamp(omp_get_num_procs(), 1, kMaxSplitRuns);
+  return runs;
+}
+
+// What a thread leaves for the others after its runs of a chunk (backward_split_key_tiles): the
+// sum of a head that continues in later threads' runs, and its own partials of a head begun in an
+// earlier thread's runs, in run order.
+struct SplitPartials {
+  int64_t open_head = -1;
+  float* open_sum = nullptr;
+  int64_t continued_head = -1;
+  std::vector<float*> continued;
 };
 
 // The drivers of one instruction set, for inputs of element type T (float, or bf16 for the bf16
