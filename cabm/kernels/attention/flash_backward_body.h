@@ -291,7 +291,7 @@ void backward_split_key_tiles(const BackwardArgs& args, KeyTileFn key_tile, std:
     };
     // The running sum of the head begun in this thread's runs, then this thread's partials of the
     // head an earlier thread began (only thread 0 never has one).
-    float* const sum = scratch(kSplitDq, (1 + (r0 > 0 ? r1 - r0 : 0)) * acc_floats);
+    float* const sum = r0 < r1 ? scratch(kSplitDq, (1 + (r0 > 0 ? r1 - r0 : 0)) * acc_floats) : nullptr;
     mine.open_head = -1;
     mine.continued_head = -1;
     mine.continued.clear();
