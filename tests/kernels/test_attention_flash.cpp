@@ -3,6 +3,7 @@
 #include "cabm/kernels/attention/attention.h"
 #include "cabm/kernels/attention/flash.h"
 #include "cabm/kernels/attention/flash_bf16.h"
+#include "cabm/kernels/attention/flash_detail.h"
 #include "cabm/kernels/attention/reference.h"
 #include "cabm/kernels/simd.h"
 #include "cabm/kernels/bf16.h"
@@ -220,6 +221,40 @@ TEST(Flash, ThreadCountsAgree) {
     EXPECT_EQ(one.grads.dv.to_vector(), two.grads.dv.to_vector());
     const double rel = relative_bound(c.s, in.q, in.k, options);
     compare_runs(two, run_reference(in, options), rel, magnitudes(in, options));
+    }
+  }
+}
+
+// The backward's runs for few heads pinned above and below the thread counts (this machine's own
+// count is its processors): a thread then takes several runs, and a head begun in one thread's
+// runs continues in several runs of the next. Every thread count gives the bits of one thread.
+TEST(Flash, SplitRunsGiveTheSameBitsForAnyThreadCount) {
+  struct PinRuns {
+    explicit PinRuns(int runs) { detail::set_backward_split_runs(runs); }
+    ~PinRuns() { detail::set_backward_split_runs(0); }
+  };
+  EXPECT_THROW(detail::set_backward_split_runs(detail::kMaxSplitRuns + 1), Error);
+  EXPECT_GE(detail::backward_split_runs(), 1);
+  for (const FlashCase& c : test::thread_count_cases()) {
+    SCOPED_TRACE(describe(c));
+    const test::Inputs in = test::random_inputs(c.s, c.seed, c.strided);
+    const Outcome ref = run_reference(in, c.options);
+    const double rel = relative_bound(c.s, in.q, in.k, c.options);
+    for (int runs : {3, 5, detail::kMaxSplitRuns}) {
+      const PinRuns pin(runs);
+      Outcome one;
+      {
+        test::ScopedThreads threads(1);
+        one = run_flash(in, c.options, c.config);
+      }
+      compare_runs(one, ref, rel, magnitudes(in, c.options));
+      for (int count : {2, 3, 4}) {
+        test::ScopedThreads threads(count);
+        const Outcome more = run_flash(in, c.options, c.config);
+        EXPECT_EQ(one.grads.dq.to_vector(), more.grads.dq.to_vector()) << runs << " runs, " << count << " threads";
+        EXPECT_EQ(one.grads.dk.to_vector(), more.grads.dk.to_vector()) << runs << " runs, " << count << " threads";
+        EXPECT_EQ(one.grads.dv.to_vector(), more.grads.dv.to_vector()) << runs << " runs, " << count << " threads";
+      }
     }
   }
 }

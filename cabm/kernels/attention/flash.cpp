@@ -7,6 +7,11 @@
 #include "cabm/kernels/bf16.h"
 #include "cabm/kernels/cpu_isa.h"
 
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+
 namespace cabm {
 namespace {
 
@@ -123,6 +128,22 @@ void attention_flash_backward(const AttentionSaved& saved, const Tensor& dout, c
 }
 
 namespace detail {
+
+namespace {
+std::atomic<int> g_split_runs_pin{0};
+}  // namespace
+
+int backward_split_runs() {
+  const int pinned = g_split_runs_pin.load(std::memory_order_relaxed);
+  if (pinned > 0) return pinned;
+  static const int runs = std::clamp(omp_get_num_procs(), 1, kMaxSplitRuns);
+  return runs;
+}
+
+void set_backward_split_runs(int runs) {
+  CABM_CHECK(runs >= 0 && runs <= kMaxSplitRuns, "set_backward_split_runs: {} is not in [0, {}]", runs, kMaxSplitRuns);
+  g_split_runs_pin.store(runs, std::memory_order_relaxed);
+}
 
 void attention_flash_bf16_forward_simd(const Tensor& q, const Tensor& k, const Tensor& v,
                                        const AttentionOptions& options, const Tensor& out, const Tensor* lse,

@@ -12,6 +12,7 @@
 #include "cabm/core/error.h"
 #include "cabm/core/tensor.h"
 #include "cabm/kernels/attention/flash.h"
+#include "cabm/kernels/attention/flash_detail.h"
 #include "cabm/kernels/attention/head_rows.h"
 #include "cabm/kernels/attention/row_prefetch.h"
 #include "cabm/kernels/attention/score_variants.h"
@@ -180,14 +181,11 @@ inline int64_t backward_chunk_rows(const Problem& p, const FlashConfig& config) 
 
 // The backward's split of few heads (attention/flash_backward_body.h): the key tiles of each chunk
 // are cut into runs of equal estimated cost, as many as the processors this process may use (at
-// most kMaxSplitRuns), never as many as the threads: any thread count then computes the same
+// most 16), never as many as the threads: any thread count then computes the same
 // partial sums of dq and adds them in the same order, so dq is the same bits for every thread
 // count, as out, lse, dk and dv are. With fewer threads than runs a thread takes several runs.
-inline constexpr int kMaxSplitRuns = 16;
-inline int backward_split_runs() {
-  static const int runs = std::clamp(omp_get_num_procs(), 1, kMaxSplitRuns);
-  return runs;
-}
+// The count: backward_split_runs() of attention/flash_detail.h.
+using detail::backward_split_runs;
 
 // What a thread leaves for the others after its runs of a chunk (backward_split_key_tiles): the
 // sum of a head that continues in later threads' runs, and its own partials of a head begun in an
