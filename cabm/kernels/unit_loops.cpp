@@ -27,6 +27,13 @@ namespace cabm::detail {
 #define CABM_ACC12(acc, c)                                                                                 \
   [a0] c(acc[0]), [a1] c(acc[1]), [a2] c(acc[2]), [a3] c(acc[3]), [a4] c(acc[4]), [a5] c(acc[5]), [a6] c(acc[6]), \
       [a7] c(acc[7]), [a8] c(acc[8]), [a9] c(acc[9]), [a10] c(acc[10]), [a11] c(acc[11])
+// n rounds of the 12 FMAs acc[a] = x · acc[a] + y, on ymm or zmm registers as the types say ("v":
+// any vector register the function's target has).
+#define CABM_FMA_LOOP(acc, x, y, n)                                                                  \
+  __asm__ volatile("1:\n\t" CABM_OP12("vfmadd213ps") "dec %[n]\n\tjnz 1b"                              \
+                   : CABM_ACC12(acc, "+v"), [n] "+r"(n)                                                \
+                   : [x] "v"(x), [y] "v"(y)                                                            \
+                   : "cc")
 
 // Iterations of 12 independent FMAs: enough accumulators to cover latency × pipes (4 × 2 on Zen 3,
 // 4 × 2 on Zen 5 / Intel), so the loop is throughput-bound. Returns FLOPs done by this thread. One
@@ -39,10 +46,7 @@ __attribute__((target("avx512f"))) double fma_loop_avx512(int64_t iterations, fl
   const __m512 x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-7f);
   int64_t n = std::max<int64_t>(iterations, 1);
   const double flops = 2.0 * kAcc * 16 * static_cast<double>(n);
-  __asm__ volatile("1:\n\t" CABM_OP12("vfmadd213ps") "dec %[n]\n\tjnz 1b"
-                   : CABM_ACC12(acc, "+v"), [n] "+r"(n)
-                   : [x] "v"(x), [y] "v"(y)
-                   : "cc");
+  CABM_FMA_LOOP(acc, x, y, n);
   float total = 0;
   for (int a = 0; a < kAcc; ++a) total += _mm512_reduce_add_ps(acc[a]);
   *sink = total;
@@ -56,10 +60,7 @@ __attribute__((target("avx2,fma"))) double fma_loop_avx2(int64_t iterations, flo
   const __m256 x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
   int64_t n = std::max<int64_t>(iterations, 1);
   const double flops = 2.0 * kAcc * 8 * static_cast<double>(n);
-  __asm__ volatile("1:\n\t" CABM_OP12("vfmadd213ps") "dec %[n]\n\tjnz 1b"
-                   : CABM_ACC12(acc, "+x"), [n] "+r"(n)
-                   : [x] "x"(x), [y] "x"(y)
-                   : "cc");
+  CABM_FMA_LOOP(acc, x, y, n);
   alignas(32) float lanes[8];
   float total = 0;
   for (int a = 0; a < kAcc; ++a) {
