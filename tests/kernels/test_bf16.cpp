@@ -5,7 +5,6 @@
 
 #include "cabm/core/error.h"
 #include "cabm/kernels/cpu_isa.h"
-#include "util/test_util.h"
 
 #include <gtest/gtest.h>
 

@@ -292,7 +292,6 @@ void backward_split_key_tiles(const BackwardArgs& args, KeyTileFn key_tile, std:
     // The running sum of the head begun in this thread's runs, then this thread's partials of the
     // head an earlier thread began (only thread 0 never has one).
     float* const sum = r0 < r1 ? scratch(kSplitDq, (1 + (r0 > 0 ? r1 - r0 : 0)) * acc_floats) : nullptr;
-    mine.open_head = -1;
     mine.continued_head = -1;
     mine.continued.clear();
     int64_t sum_head = -1;
@@ -331,10 +330,7 @@ void backward_split_key_tiles(const BackwardArgs& args, KeyTileFn key_tile, std:
       }
       if (buf.head >= 0) finish_head();
     }
-    if (sum_head >= 0) {
-      mine.open_head = sum_head;
-      mine.open_sum = sum;
-    }
+    mine.open_head = sum_head;
 #pragma omp barrier
     // A head continued by later threads: their partials added in thread and run order.
     if (mine.open_head >= 0) {
@@ -342,9 +338,9 @@ void backward_split_key_tiles(const BackwardArgs& args, KeyTileFn key_tile, std:
         const SplitPartials& other = shared[static_cast<size_t>(u)];
         if (other.continued_head != mine.open_head) continue;
         for (const float* part : other.continued)
-          for (int64_t e = 0; e < acc_floats; ++e) mine.open_sum[e] += part[e];
+          for (int64_t e = 0; e < acc_floats; ++e) sum[e] += part[e];
       }
-      write_dq_rows(args, mine.open_sum, dp, mine.open_head / p.Hkv, mine.open_head % p.Hkv, chunk);
+      write_dq_rows(args, sum, dp, mine.open_head / p.Hkv, mine.open_head % p.Hkv, chunk);
     }
 #pragma omp barrier  // before the next chunk's prefix and partials
   }

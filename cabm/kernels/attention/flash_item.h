@@ -188,11 +188,10 @@ inline int64_t backward_chunk_rows(const Problem& p, const FlashConfig& config) 
 using detail::backward_split_runs;
 
 // What a thread leaves for the others after its runs of a chunk (backward_split_key_tiles): the
-// sum of a head that continues in later threads' runs, and its own partials of a head begun in an
-// earlier thread's runs, in run order.
+// head whose sum it holds and later threads' runs continue, and its own partials of a head begun
+// in an earlier thread's runs, in run order.
 struct SplitPartials {
   int64_t open_head = -1;
-  float* open_sum = nullptr;
   int64_t continued_head = -1;
   std::vector<float*> continued;
 };
