@@ -8,7 +8,7 @@ set(CABM_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/cabm)
 # are not part of the interface: the SIMD vector type, the per-instruction-set bodies and items,
 # the region headers, and what only those include. (Globs: one name pattern each.)
 set(CABM_INTERNAL_HEADERS simd.h x86_intrinsics.h aligned_vector.h simd_set_*.h *_body.h *_item.h tile_product.h tile_transpose.h
-                          row_prefetch.h
+                          row_prefetch.h backward_split.h
                           score_epilogue.h score_variants.h bf16_avx512.h bf16_variants.h
                           bf16_packing.h flash_detail.h tile_mask.h hf_tokenizer_impl.h
                           hf_tokenizer_files.h amx_tiles.h amx_tile_gemm.h flash_amx.h flash_bf16_backward.h

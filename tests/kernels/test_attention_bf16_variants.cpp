@@ -481,6 +481,14 @@ TEST(Bf16VariantsBackward, MatchesReference) {
       c.options.k_positions = random_positions(c.s.M, 100, 51);
       check_backward_paths(c);
     }
+  // Few key/value heads: their key tiles cut into 5 runs (attention/backward_split.h) over 3 threads.
+  for (int64_t Hkv : {2, 1}) {
+    const test::PinnedSplitRuns pin(5);
+    test::ScopedThreads threads(3);
+    Case c{{1, 90, 75, 4, 24, 20}, Hkv, {}, {9, 16}};
+    c.options.mask = Mask::causal();
+    check_backward_paths(c);
+  }
   for (float cap : {0.05f, 30.0f}) {
     Case c{{1, 50, 40, 2, 32, 16}, 1, {}, {16, 16}, true, 5, 4.0f};
     c.options.softcap = cap;

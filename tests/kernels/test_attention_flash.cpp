@@ -229,10 +229,6 @@ TEST(Flash, ThreadCountsAgree) {
 // count is its processors): a thread then takes several runs, and a head begun in one thread's
 // runs continues in several runs of the next. Every thread count gives the bits of one thread.
 TEST(Flash, SplitRunsGiveTheSameBitsForAnyThreadCount) {
-  struct PinRuns {
-    explicit PinRuns(int runs) { detail::set_backward_split_runs(runs); }
-    ~PinRuns() { detail::set_backward_split_runs(0); }
-  };
   EXPECT_THROW(detail::set_backward_split_runs(detail::kMaxSplitRuns + 1), Error);
   EXPECT_GE(detail::backward_split_runs(), 1);
   for (const FlashCase& c : test::thread_count_cases()) {
@@ -241,7 +237,7 @@ TEST(Flash, SplitRunsGiveTheSameBitsForAnyThreadCount) {
     const Outcome ref = run_reference(in, c.options);
     const double rel = relative_bound(c.s, in.q, in.k, c.options);
     for (int runs : {3, 5, detail::kMaxSplitRuns}) {
-      const PinRuns pin(runs);
+      const test::PinnedSplitRuns pin(runs);
       Outcome one;
       {
         test::ScopedThreads threads(1);

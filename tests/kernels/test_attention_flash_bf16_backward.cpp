@@ -200,6 +200,42 @@ TEST(AttentionFlashBf16Backward, ThreadCounts) {
   }
 }
 
+// The split of few heads into runs of key tiles (attention/backward_split.h: the fp32 SIMD path,
+// vdpbf16ps and AMX) with the run count pinned above and below the thread counts: a thread then
+// takes several runs, and a head begun in one thread's runs continues in several of the next.
+// Every thread count gives the bits of one thread, within the bounds of the reference.
+TEST(AttentionFlashBf16Backward, SplitRunsGiveTheSameBitsForAnyThreadCount) {
+  for (const FlashCase& c : test::thread_count_cases()) {
+    SCOPED_TRACE(describe(c));
+    const Inputs in = make_inputs(c.s, c.seed, c.strided);
+    const Outcome ref = run_reference(in, c.options, true);
+    const Bounds b = derive_bounds(in, c.options, ref);
+    for (const PathSetting& setting : backward_paths()) {
+      ScopedPath scoped(setting);
+      SCOPED_TRACE(attention_flash_bf16_backward_path());
+      for (int runs : {3, 5, detail::kMaxSplitRuns}) {
+        const test::PinnedSplitRuns pin(runs);
+        Outcome one;
+        {
+          test::ScopedThreads threads(1);
+          one = run_bf16(in, c.options, c.config, true);
+        }
+        expect_within(one.grads.dq, ref.grads.dq, b.dq, "dq vs reference");
+        expect_within(one.grads.dk, ref.grads.dk, b.dk, "dk vs reference");
+        expect_within(one.grads.dv, ref.grads.dv, b.dv, "dv vs reference");
+        for (int count : {2, 3, 4}) {
+          test::ScopedThreads threads(count);
+          Outcome more;
+          run_backward(in, one, c.options, c.config, more);
+          EXPECT_EQ(one.grads.dq.to_vector(), more.grads.dq.to_vector()) << runs << " runs, " << count << " threads";
+          EXPECT_EQ(one.grads.dk.to_vector(), more.grads.dk.to_vector()) << runs << " runs, " << count << " threads";
+          EXPECT_EQ(one.grads.dv.to_vector(), more.grads.dv.to_vector()) << runs << " runs, " << count << " threads";
+        }
+      }
+    }
+  }
+}
+
 TEST(AttentionFlashBf16Backward, FullyMaskedRowsAndKeysGiveZeros) {
   // Bottom-right causal with N > M: queries 0..29 see no key; item 1 has no keys at all. Keys
   // 35..39 of item 0 are padding, so no query sees them.

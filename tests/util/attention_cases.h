@@ -5,6 +5,7 @@
 
 #include "cabm/core/tensor.h"
 #include "cabm/kernels/attention/flash.h"
+#include "cabm/kernels/attention/flash_detail.h"
 #include "cabm/kernels/attention/reference.h"
 #include "cabm/kernels/cpu_isa.h"
 #include "cabm/kernels/attention/mask.h"
@@ -150,6 +151,16 @@ std::vector<FlashCase> tile_size_cases(const Dims& s, int64_t key_length, const 
 // Problems for runs with 1 and 2 threads: causal on 32×32 tiles, one head (which a backward may
 // split between threads by key tiles) and three (an odd number of heads for two threads).
 std::vector<FlashCase> thread_count_cases();
+
+// Pins the tiled backwards' run count (detail::set_backward_split_runs) for its lifetime: run
+// counts above and below the thread counts on any machine, whose own count is its processors.
+class PinnedSplitRuns {
+ public:
+  explicit PinnedSplitRuns(int runs) { detail::set_backward_split_runs(runs); }
+  ~PinnedSplitRuns() { detail::set_backward_split_runs(0); }
+  PinnedSplitRuns(const PinnedSplitRuns&) = delete;
+  PinnedSplitRuns& operator=(const PinnedSplitRuns&) = delete;
+};
 
 // Dropout 0.1 and 0.5 under masks that skip tiles: causal & padding on 32×16 tiles, then a window
 // on each of window_tiles. The kernels must drop exactly the weights the reference drops.

@@ -254,23 +254,17 @@ void write_dq_rows(const BackwardArgs& args, const float* acc, int64_t dp, int64
   }
 }
 
-// The backward's work split when there are few key/value heads (see attention_flash_backward):
-// for each chunk of query rows in turn, the work items (b, hk, key tile) in order are cut into
-// backward_split_runs() contiguous runs of equal estimated cost (flash_item.h), and thread t of T
-// takes runs [t·R/T, (t+1)·R/T). Each run accumulates its share of a head's dq from zero; a head
-// cut between runs gets dq = ((P₀ + P₁) + P₂) + … over its runs' partials in run order, whichever
-// thread computed them. Called by every thread of the parallel region (it contains barriers).
+// The backward's work split when there are few key/value heads (attention/backward_split.h), chunk
+// by chunk of query rows: the chunks of whole-head mode, in the same order, so that each key
+// tile's dk and dv rows are written by the first chunk and added to by the later ones exactly as
+// there (the same bits whichever mode ran, any thread count) and the buffers stay as small.
+// Called by every thread of the parallel region (it contains barriers).
 template <typename Elem>
-void backward_split_key_tiles(const BackwardArgs& args, KeyTileFn key_tile, std::vector<int64_t>& prefix,
-                              std::vector<SplitPartials>& shared, int t, int T) {
+void backward_split_chunks(const BackwardArgs& args, KeyTileFn key_tile, std::vector<int64_t>& prefix,
+                           std::vector<SplitPartials>& shared, int t, int T) {
   const Problem& p = args.p;
   const int64_t n_kt = ceil_div(p.M, p.block_k), n_items = p.B * p.Hkv * n_kt, dp = round_up(p.d, kWidth);
-  const int R = backward_split_runs(), r0 = t * R / T, r1 = (t + 1) * R / T;
   BackwardBuffers buf(p, args.chunk_rows);
-  SplitPartials& mine = shared[static_cast<size_t>(t)];
-  // The chunks of whole-head mode, in the same order: each key tile's dk and dv rows are written by
-  // the first chunk and added to by the later ones exactly as there, so they are the same bits
-  // whichever mode ran (any thread count), and the buffers stay as small.
   for (int64_t i0 = 0; i0 < p.N; i0 += args.chunk_rows) {
     const Range chunk{i0, std::min(p.N, i0 + args.chunk_rows)};
     const int64_t acc_floats = p.group * (chunk.end - chunk.begin) * dp;
@@ -285,64 +279,12 @@ void backward_split_key_tiles(const BackwardArgs& args, KeyTileFn key_tile, std:
         prefix[n + 1] = prefix[n] + seen * p.group + 1;
       }
     }  // (a barrier)
-    const int64_t total = prefix.back();
-    const auto cut = [&](int r) {
-      return static_cast<int64_t>(std::lower_bound(prefix.begin(), prefix.end(), total * r / R) - prefix.begin());
-    };
-    // The running sum of the head begun in this thread's runs, then this thread's partials of the
-    // head an earlier thread began (only thread 0 never has one).
-    float* const sum = r0 < r1 ? scratch(kSplitDq, (1 + (r0 > 0 ? r1 - r0 : 0)) * acc_floats) : nullptr;
-    mine.continued_head = -1;
-    mine.continued.clear();
-    int64_t sum_head = -1;
-    for (int r = r0; r < r1; ++r) {
-      const Range run{cut(r), cut(r + 1)};
-      const auto finish_head = [&]() {
-        const int64_t hd = buf.head, b = hd / p.Hkv, hk = hd % p.Hkv;
-        const bool starts = hd * n_kt >= run.begin, ends = (hd + 1) * n_kt <= run.end;
-        if (starts && ends) return write_dq_rows(args, buf.dq, dp, b, hk, chunk);
-        if (hd * n_kt < cut(r0)) {  // begun by an earlier thread, which adds this in
-          float* part = sum + (1 + static_cast<int64_t>(mine.continued.size())) * acc_floats;
-          std::copy_n(buf.dq, acc_floats, part);
-          mine.continued_head = hd;
-          mine.continued.push_back(part);
-          return;
-        }
-        if (starts) {
-          std::copy_n(buf.dq, acc_floats, sum);
-          sum_head = hd;
-        } else {
-          for (int64_t e = 0; e < acc_floats; ++e) sum[e] += buf.dq[e];
-        }
-        if (ends) {
-          write_dq_rows(args, sum, dp, b, hk, chunk);
-          sum_head = -1;
-        }
-      };
-      buf.head = -1;
-      for (int64_t n = run.begin; n < run.end; ++n) {
-        const int64_t hd = n / n_kt;
-        if (hd != buf.head) {
-          if (buf.head >= 0) finish_head();
-          backward_begin_chunk<Elem>(args, buf, hd / p.Hkv, hd % p.Hkv, chunk);
-        }
-        key_tile(args, buf, hd / p.Hkv, hd % p.Hkv, n % n_kt);
-      }
-      if (buf.head >= 0) finish_head();
-    }
-    mine.open_head = sum_head;
-#pragma omp barrier
-    // A head continued by later threads: their partials added in thread and run order.
-    if (mine.open_head >= 0) {
-      for (int u = t + 1; u < T; ++u) {
-        const SplitPartials& other = shared[static_cast<size_t>(u)];
-        if (other.continued_head != mine.open_head) continue;
-        for (const float* part : other.continued)
-          for (int64_t e = 0; e < acc_floats; ++e) sum[e] += part[e];
-      }
-      write_dq_rows(args, sum, dp, mine.open_head / p.Hkv, mine.open_head % p.Hkv, chunk);
-    }
-#pragma omp barrier  // before the next chunk's prefix and partials
+    float* const sum = scratch(kSplitDq, split_sum_floats(t, T, acc_floats));
+    split_key_tiles(
+        prefix, n_kt, acc_floats, buf.dq, sum, shared, t, T,
+        [&](int64_t hd) { backward_begin_chunk<Elem>(args, buf, hd / p.Hkv, hd % p.Hkv, chunk); },
+        [&](int64_t hd, int64_t kt) { key_tile(args, buf, hd / p.Hkv, hd % p.Hkv, kt); },
+        [&](int64_t hd, const float* dq) { write_dq_rows(args, dq, dp, hd / p.Hkv, hd % p.Hkv, chunk); });
   }
 }
 
@@ -362,7 +304,8 @@ void backward_split_key_tiles(const BackwardArgs& args, KeyTileFn key_tile, std:
 //  - otherwise, chunk by chunk of query rows (the same chunks), the work items (b, hk, key tile),
 //    in order, are cut into R contiguous runs with equal estimated cost, shared out among the
 //    threads; a head within one run is written directly, and the few heads cut between runs (at
-//    most one per boundary) sum the runs' partials in run order (backward_split_key_tiles).
+//    most one per boundary) sum the runs' partials in run order (backward_split_chunks,
+//    attention/backward_split.h).
 // Neither the mode nor the runs depend on the thread count, so dq is the same bits for any thread
 // count (on a given machine: R follows its processors), as dk and dv (one writer per key tile,
 // chunks in order) are everywhere. Memory: O(R · group · chunk rows · d) at most.
@@ -411,7 +354,7 @@ void backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOp
         hd = following;
       }
     } else {
-      backward_split_key_tiles<Elem>(args, key_tile, prefix, partials, t, T);
+      backward_split_chunks<Elem>(args, key_tile, prefix, partials, t, T);
     }
   }
 }

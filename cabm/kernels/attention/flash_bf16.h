@@ -66,9 +66,10 @@ void attention_flash_bf16_forward(const Tensor& q, const Tensor& k, const Tensor
 // dS = P ∘ (dP − D) in fp32; dO, P and dS rounded to bf16 only as inputs of the products
 // (dV += Pᵀ dO, dP = dO Vᵀ, dQ += dS K, dK += dSᵀ Q), all accumulation fp32. P is recomputed
 // from the saved lse; masks, tile skipping, dropout decisions and fully masked rows (0 gradient)
-// as in attention_flash_backward. Deterministic for a given thread count (the portable path: for
-// any thread count). GQA: dk, dv of a key/value head sum over its query heads in head order. With
-// soft-capping the rounded operand is dT = dS ∘ (1 − tanh²(t/c)), the gradient of the capped score.
+// as in attention_flash_backward. The same bits for any thread count on every path (on a given
+// machine: the split of few heads follows its processors, attention/backward_split.h). GQA: dk,
+// dv of a key/value head sum over its query heads in head order. With soft-capping the rounded
+// operand is dT = dS ∘ (1 − tanh²(t/c)), the gradient of the capped score.
 void attention_flash_bf16_backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
                                    const AttentionGrads& grads, const FlashConfig& config = {});
 

@@ -16,20 +16,24 @@
 // One work item is a key/value head (b, hk). Its query heads' Q and dO are packed once; then key
 // tile by key tile (K and V packed for the tile), query head by head, query tile by query tile:
 // dKᵀ and dVᵀ of the key tile accumulate in per-thread scratch and are written once, dQ of
-// every row of the group accumulates in per-thread scratch and is written at the end. Each
-// gradient element has one writer and a fixed order of sums: the result is bitwise the same for
-// any thread count. Score variants (soft-cap, ALiBi) are not run here (the caller sends them to
-// the fp32 SIMD path).
+// every row of the group accumulates in per-thread scratch and is written at the end. With fewer
+// heads than keep the threads busy, the items are (head, key tile) instead, cut into runs whose
+// dQ partials are added in run order (attention/backward_split.h). Each gradient element has one
+// writer and a fixed order of sums: the result is bitwise the same for any thread count. Score
+// variants (soft-cap, ALiBi) are not run here (the caller sends them to the fp32 SIMD path).
 #include "cabm/kernels/attention/flash_bf16_backward.h"
 
 #include "cabm/core/error.h"
 #include "cabm/kernels/aligned_vector.h"
 #include "cabm/kernels/attention/amx_tile_gemm.h"
+#include "cabm/kernels/attention/backward_split.h"
 #include "cabm/kernels/attention/bf16_avx512.h"
 #include "cabm/kernels/attention/bf16_packing.h"
 #include "cabm/kernels/attention/row_prefetch.h"
 #include "cabm/kernels/attention/tile_mask.h"
 #include "cabm/kernels/bf16.h"
+
+#include <omp.h>
 
 #include <algorithm>
 #include <atomic>
@@ -143,7 +147,7 @@ struct Problem {
   int64_t block_q, block_k;  // tiles
   int64_t bq_rows, bq_in;    // block_q rounded up to row_pad (S, dP, dS rows), to inner (Qᵀ, dOᵀ width)
   int64_t bk16, bk_in;       // block_k rounded up to 16 (S, dP columns), bk16 to inner (dS row stride)
-  int64_t query_tiles;
+  int64_t query_tiles, key_tiles;
   float scale, qscale, keep_scale;
   bool dropout;
 };
@@ -160,6 +164,7 @@ struct Problem {
 struct Buffers {
   AlignedVector<bf16> q, g, qt, gt, kblocks, vblocks, kpairs, ds, pz_pairs, ds_pairs;
   AlignedVector<float> lse2, delta, dq, dkt, dvt, s, dpp, mask, z;
+  AlignedVector<float> split;  // the split's sums and partials (attention/backward_split.h), sized there
   int64_t lds = 0, ldds = 0;
   RowPrefetch prefetch;  // the rows of the thread's next item (run)
   // Sized for p and zeroed, as fresh vectors would be, in the storage the thread already has
@@ -290,68 +295,81 @@ CABM_AVX512_BF16 void tile_gradients(const Problem& p, Buffers& buf, int64_t ni,
   std::fill(buf.ds_pairs.data() + round_up(ni, 2) * nk16, buf.ds_pairs.data() + pairs_end, bf16{0});
 }
 
+// Key tile kt of key/value head (b, hk), after begin_query_head for each query head of the group:
+// K and V of the tile packed, then query head by head, query tile by query tile, the five
+// products; the tile's dK and dV rows are written, dQ of the group's rows accumulates in buf.dq.
 template <class Products>
-void backward_kv_head(const Args& args, Buffers& buf, int64_t b, int64_t hk) {
+void backward_key_tile(const Args& args, Buffers& buf, int64_t b, int64_t hk, int64_t kt) {
   const Problem& p = args.p;
-  for (int64_t u = 0; u < p.group; ++u) begin_query_head<Products>(args, buf, b, hk * p.group + u, u);
   const Tensor &k = args.saved.k, &v = args.saved.v;
   const bf16 *kh = bf16_head_ptr(k, b, hk), *vh = bf16_head_ptr(v, b, hk);
   const HeadRows dk_rows = head_rows(args.grads.dk, b, hk), dv_rows = head_rows(args.grads.dv, b, hk);
-  for (int64_t j0 = 0; j0 < p.M; j0 += p.block_k) {
-    const int64_t nk = std::min(p.block_k, p.M - j0), nk16 = round_up(nk, kBlock), nk_in = round_up(nk, p.inner);
-    const Range keys{j0, j0 + nk};
-    pack_row_blocks_avx512(kh + j0 * k.stride(1), k.stride(1), nk, p.d, nk16, p.d_in, buf.kblocks.data());
-    pack_row_blocks_avx512(vh + j0 * v.stride(1), v.stride(1), nk, p.dv, nk16, p.dv_in, buf.vblocks.data());
-    pack_row_pairs(kh + j0 * k.stride(1), k.stride(1), nk, p.d, round_up(nk16, p.inner), p.dqp, buf.kpairs.data());
-    std::fill(buf.dkt.begin(), buf.dkt.end(), 0.0f);
-    std::fill(buf.dvt.begin(), buf.dvt.end(), 0.0f);
-    const Range query_range = args.mask.query_range(b, keys);
-    for (int64_t u = 0; u < p.group; ++u) {
-      const int64_t h = hk * p.group + u;
-      const DropoutMatrix dropout(args.options, b, h, p.H, p.M);
-      for (int64_t i0 = query_range.begin / p.block_q * p.block_q; i0 < query_range.end; i0 += p.block_q) {
-        const int64_t ni = std::min(p.block_q, p.N - i0), ni_in = round_up(ni, p.inner), t = i0 / p.block_q;
-        const Range rows{i0, i0 + ni};
-        const TileKind kind = args.mask.classify(b, h, rows, keys);
-        if (kind == TileKind::kSkip) continue;
-        if (kind == TileKind::kPartial) args.mask.fill(b, h, rows, keys, kLog2e, buf.mask.data(), buf.lds, 1);
-        if (p.dropout)
-          for (int64_t r = 0; r < ni; ++r)
-            dropout.fill_row(i0 + r, j0, j0 + nk, p.keep_scale, buf.z.data() + r * buf.lds, 1);
-        const bf16* qrows = buf.q.data() + (u * p.rows + i0) * p.d_in;
-        const bf16* grows = buf.g.data() + (u * p.rows + i0) * p.dv_in;
-        buf.prefetch.pump();
-        Products::scores(qrows, ni, p.d_in, buf.kblocks.data(), nk16, buf.s.data(), buf.lds);
-        buf.prefetch.pump();
-        Products::scores(grows, ni, p.dv_in, buf.vblocks.data(), nk16, buf.dpp.data(), buf.lds);
-        tile_gradients(p, buf, ni, nk, buf.lse2.data() + u * p.N + i0, buf.delta.data() + u * p.N + i0,
-                       kind == TileKind::kPartial);
-        const bf16* gt = buf.gt.data() + (u * p.query_tiles + t) * p.bq_in * p.dvp;
-        const bf16* qt = buf.qt.data() + (u * p.query_tiles + t) * p.bq_in * p.dqp;
-        buf.prefetch.pump();
-        Products::transposed_product(gt, p.bq_in, p.dv, p.dvp, ni_in, buf.pz_pairs.data(), nk16, buf.dvt.data(),
-                                     p.bk16);
-        buf.prefetch.pump();
-        Products::transposed_product(qt, p.bq_in, p.d, p.dqp, ni_in, buf.ds_pairs.data(), nk16, buf.dkt.data(), p.bk16);
-        buf.prefetch.pump();
-        Products::dq_product(buf.ds.data(), buf.ldds, ni, buf.kpairs.data(), nk_in, p.dqp,
-                             buf.dq.data() + (u * p.rows + i0) * p.dqp);
-      }
-    }
-    for (int64_t j = 0; j < nk; ++j) {
-      float* dkrow = dk_rows.row(j0 + j);
-      for (int64_t e = 0; e < p.d; ++e) dkrow[e] = buf.dkt[e * p.bk16 + j] * p.scale;
-      float* dvrow = dv_rows.row(j0 + j);
-      for (int64_t e = 0; e < p.dv; ++e) dvrow[e] = buf.dvt[e * p.bk16 + j];
+  const int64_t j0 = kt * p.block_k;
+  const int64_t nk = std::min(p.block_k, p.M - j0), nk16 = round_up(nk, kBlock), nk_in = round_up(nk, p.inner);
+  const Range keys{j0, j0 + nk};
+  pack_row_blocks_avx512(kh + j0 * k.stride(1), k.stride(1), nk, p.d, nk16, p.d_in, buf.kblocks.data());
+  pack_row_blocks_avx512(vh + j0 * v.stride(1), v.stride(1), nk, p.dv, nk16, p.dv_in, buf.vblocks.data());
+  pack_row_pairs(kh + j0 * k.stride(1), k.stride(1), nk, p.d, round_up(nk16, p.inner), p.dqp, buf.kpairs.data());
+  std::fill(buf.dkt.begin(), buf.dkt.end(), 0.0f);
+  std::fill(buf.dvt.begin(), buf.dvt.end(), 0.0f);
+  const Range query_range = args.mask.query_range(b, keys);
+  for (int64_t u = 0; u < p.group; ++u) {
+    const int64_t h = hk * p.group + u;
+    const DropoutMatrix dropout(args.options, b, h, p.H, p.M);
+    for (int64_t i0 = query_range.begin / p.block_q * p.block_q; i0 < query_range.end; i0 += p.block_q) {
+      const int64_t ni = std::min(p.block_q, p.N - i0), ni_in = round_up(ni, p.inner), t = i0 / p.block_q;
+      const Range rows{i0, i0 + ni};
+      const TileKind kind = args.mask.classify(b, h, rows, keys);
+      if (kind == TileKind::kSkip) continue;
+      if (kind == TileKind::kPartial) args.mask.fill(b, h, rows, keys, kLog2e, buf.mask.data(), buf.lds, 1);
+      if (p.dropout)
+        for (int64_t r = 0; r < ni; ++r)
+          dropout.fill_row(i0 + r, j0, j0 + nk, p.keep_scale, buf.z.data() + r * buf.lds, 1);
+      const bf16* qrows = buf.q.data() + (u * p.rows + i0) * p.d_in;
+      const bf16* grows = buf.g.data() + (u * p.rows + i0) * p.dv_in;
+      buf.prefetch.pump();
+      Products::scores(qrows, ni, p.d_in, buf.kblocks.data(), nk16, buf.s.data(), buf.lds);
+      buf.prefetch.pump();
+      Products::scores(grows, ni, p.dv_in, buf.vblocks.data(), nk16, buf.dpp.data(), buf.lds);
+      tile_gradients(p, buf, ni, nk, buf.lse2.data() + u * p.N + i0, buf.delta.data() + u * p.N + i0,
+                     kind == TileKind::kPartial);
+      const bf16* gt = buf.gt.data() + (u * p.query_tiles + t) * p.bq_in * p.dvp;
+      const bf16* qt = buf.qt.data() + (u * p.query_tiles + t) * p.bq_in * p.dqp;
+      buf.prefetch.pump();
+      Products::transposed_product(gt, p.bq_in, p.dv, p.dvp, ni_in, buf.pz_pairs.data(), nk16, buf.dvt.data(), p.bk16);
+      buf.prefetch.pump();
+      Products::transposed_product(qt, p.bq_in, p.d, p.dqp, ni_in, buf.ds_pairs.data(), nk16, buf.dkt.data(), p.bk16);
+      buf.prefetch.pump();
+      Products::dq_product(buf.ds.data(), buf.ldds, ni, buf.kpairs.data(), nk_in, p.dqp,
+                           buf.dq.data() + (u * p.rows + i0) * p.dqp);
     }
   }
+  for (int64_t j = 0; j < nk; ++j) {
+    float* dkrow = dk_rows.row(j0 + j);
+    for (int64_t e = 0; e < p.d; ++e) dkrow[e] = buf.dkt[e * p.bk16 + j] * p.scale;
+    float* dvrow = dv_rows.row(j0 + j);
+    for (int64_t e = 0; e < p.dv; ++e) dvrow[e] = buf.dvt[e * p.bk16 + j];
+  }
+}
+
+// dQ of the group's query heads from its unscaled sums dq ([group][rows][dqp], as buf.dq).
+void write_dq(const Args& args, const float* dq, int64_t b, int64_t hk) {
+  const Problem& p = args.p;
   for (int64_t u = 0; u < p.group; ++u) {
     const HeadRows dq_rows = head_rows(args.grads.dq, b, hk * p.group + u);
     for (int64_t i = 0; i < p.N; ++i) {
       float* dqrow = dq_rows.row(i);
-      for (int64_t e = 0; e < p.d; ++e) dqrow[e] = buf.dq[(u * p.rows + i) * p.dqp + e] * p.scale;
+      for (int64_t e = 0; e < p.d; ++e) dqrow[e] = dq[(u * p.rows + i) * p.dqp + e] * p.scale;
     }
   }
+}
+
+template <class Products>
+void backward_kv_head(const Args& args, Buffers& buf, int64_t b, int64_t hk) {
+  const Problem& p = args.p;
+  for (int64_t u = 0; u < p.group; ++u) begin_query_head<Products>(args, buf, b, hk * p.group + u, u);
+  for (int64_t kt = 0; kt < p.key_tiles; ++kt) backward_key_tile<Products>(args, buf, b, hk, kt);
+  write_dq(args, buf.dq.data(), b, hk);
 }
 
 template <class Products>
@@ -367,31 +385,63 @@ void run(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions
   p.block_q = tiles.block_q, p.block_k = tiles.block_k;
   p.bq_rows = round_up(p.block_q, p.row_pad), p.bq_in = round_up(p.block_q, p.inner);
   p.bk16 = round_up(p.block_k, kBlock), p.bk_in = round_up(p.bk16, p.inner);
-  p.query_tiles = (p.N + p.block_q - 1) / p.block_q;
+  p.query_tiles = (p.N + p.block_q - 1) / p.block_q, p.key_tiles = (p.M + p.block_k - 1) / p.block_k;
   p.scale = attention_scale(options, p.d);
   p.qscale = p.scale * kLog2e;
   p.keep_scale = 1.0f / (1.0f - options.dropout);
   p.dropout = options.dropout > 0.0f;
   const TileMask mask(options.mask, p.B, p.H, p.N, p.M);
   const Args args{saved, dout, grads, options, mask, p};
-  // Items are claimed one ahead (a shared counter, as `omp for schedule(dynamic, 1)` would hand
-  // them out), so that a thread asks for its next item's rows while it works on this one
+  // Whole heads when they balance over the processors (as the fp32 backward decides,
+  // attention/flash_backward_body.h), else runs of (head, key tile) items. Neither the mode nor
+  // the runs depend on the thread count.
+  const int64_t heads = p.B * p.Hkv, runs = backward_split_runs();
+  const bool whole_heads = heads % runs == 0 || heads >= 4 * runs;
+  std::vector<int64_t> prefix;  // of the split: prefix[n] = estimated cost of items [0, n)
+  if (!whole_heads) {
+    // An item (head, key tile) costs its query rows in range for each query head of the group,
+    // + 1 so that empty items count.
+    prefix.assign(static_cast<size_t>(heads * p.key_tiles + 1), 0);
+    for (int64_t n = 0; n < heads * p.key_tiles; ++n) {
+      const int64_t b = n / p.key_tiles / p.Hkv, j0 = n % p.key_tiles * p.block_k;
+      const Range rows = mask.query_range(b, {j0, std::min(p.M, j0 + p.block_k)});
+      prefix[n + 1] = prefix[n] + std::max<int64_t>(0, rows.end - rows.begin) * p.group + 1;
+    }
+  }
+  std::vector<SplitPartials> partials(static_cast<size_t>(omp_get_max_threads()));
+  // Whole heads are claimed one ahead (a shared counter, as `omp for schedule(dynamic, 1)` would
+  // hand them out), so that a thread asks for its next head's rows while it works on this one
   // (queue_backward_head; the tile loop pumps before each of its five products, over about half
   // the tile pairs with a diagonal mask, for each query head of the group).
-  const int64_t items = p.B * p.Hkv, pumps = 5 * ((p.M + p.block_k - 1) / p.block_k) * p.query_tiles * p.group / 2;
-  std::atomic<int64_t> next_item{0};
+  const int64_t pumps = 5 * p.key_tiles * p.query_tiles * p.group / 2;
+  std::atomic<int64_t> next_head{0};
 #pragma omp parallel
   {
     Buffers& buf = thread_buffers(p);
     Products::begin();  // per thread: the tile configuration
-    for (int64_t item = next_item.fetch_add(1); item < items;) {
-      const int64_t following = next_item.fetch_add(1);
-      if (following < items)
-        queue_backward_head(buf.prefetch, saved, dout, grads, following / p.Hkv, following % p.Hkv, pumps);
-      else
-        buf.prefetch.clear();
-      backward_kv_head<Products>(args, buf, item / p.Hkv, item % p.Hkv);
-      item = following;
+    if (whole_heads) {
+      for (int64_t hd = next_head.fetch_add(1); hd < heads;) {
+        const int64_t following = next_head.fetch_add(1);
+        if (following < heads)
+          queue_backward_head(buf.prefetch, saved, dout, grads, following / p.Hkv, following % p.Hkv, pumps);
+        else
+          buf.prefetch.clear();
+        backward_kv_head<Products>(args, buf, hd / p.Hkv, hd % p.Hkv);
+        hd = following;
+      }
+    } else {
+      const int t = omp_get_thread_num(), T = omp_get_num_threads();
+      const int64_t acc_floats = p.group * p.rows * p.dqp;
+      buf.prefetch.clear();
+      buf.split.resize(static_cast<size_t>(split_sum_floats(t, T, acc_floats)));
+      split_key_tiles(
+          prefix, p.key_tiles, acc_floats, buf.dq.data(), buf.split.data(), partials, t, T,
+          [&](int64_t hd) {
+            for (int64_t u = 0; u < p.group; ++u)
+              begin_query_head<Products>(args, buf, hd / p.Hkv, hd % p.Hkv * p.group + u, u);
+          },
+          [&](int64_t hd, int64_t kt) { backward_key_tile<Products>(args, buf, hd / p.Hkv, hd % p.Hkv, kt); },
+          [&](int64_t hd, const float* dq) { write_dq(args, dq, hd / p.Hkv, hd % p.Hkv); });
     }
     Products::end();
   }

@@ -11,6 +11,7 @@
 #include "cabm/core/dtype.h"
 #include "cabm/core/error.h"
 #include "cabm/core/tensor.h"
+#include "cabm/kernels/attention/backward_split.h"
 #include "cabm/kernels/attention/flash.h"
 #include "cabm/kernels/attention/flash_detail.h"
 #include "cabm/kernels/attention/head_rows.h"
@@ -179,22 +180,14 @@ inline int64_t backward_chunk_rows(const Problem& p, const FlashConfig& config) 
   return std::max<int64_t>(1, kChunkBytes / row_bytes / p.block_q) * p.block_q;
 }
 
-// The backward's split of few heads (attention/flash_backward_body.h): the key tiles of each chunk
-// are cut into runs of equal estimated cost, as many as the processors this process may use (at
-// most 16), never as many as the threads: any thread count then computes the same
-// partial sums of dq and adds them in the same order, so dq is the same bits for every thread
-// count, as out, lse, dk and dv are. With fewer threads than runs a thread takes several runs.
-// The count: backward_split_runs() of attention/flash_detail.h.
+// The backward's split of few heads (attention/backward_split.h): the key tiles of each chunk are
+// cut into runs of equal estimated cost, as many as the processors this process may use (at most
+// 16), never as many as the threads, so that dq is the same bits for every thread count, as out,
+// lse, dk and dv are. With fewer threads than runs a thread takes several runs.
 using detail::backward_split_runs;
-
-// What a thread leaves for the others after its runs of a chunk (backward_split_key_tiles): the
-// head whose sum it holds and later threads' runs continue, and its own partials of a head begun
-// in an earlier thread's runs, in run order.
-struct SplitPartials {
-  int64_t open_head = -1;
-  int64_t continued_head = -1;
-  std::vector<float*> continued;
-};
+using detail::split_key_tiles;
+using detail::split_sum_floats;
+using detail::SplitPartials;
 
 // The drivers of one instruction set, for inputs of element type T (float, or bf16 for the bf16
 // kernels' SIMD path; see InputRows), explicitly instantiated for both in each set's file. Shapes
