@@ -159,10 +159,12 @@ TEST(AttentionFlashBf16Backward, DropoutWithMasks) {
   for (const FlashCase& c : test::dropout_with_masks_cases(32, {FlashConfig{}})) check_backward(c);
 }
 
+// The last two tile sets walk the query rows in chunks (FlashConfig::backward_rows: 26 and 7 rows).
 TEST(AttentionFlashBf16Backward, TileSizes) {
   for (const FlashCase& c : test::tile_size_cases({2, 100, 90, 2, 20, 12}, 47,
                                                   {FlashConfig{1, 1}, FlashConfig{3, 5}, FlashConfig{7, 16},
-                                                   FlashConfig{13, 20}, FlashConfig{200, 7}, FlashConfig{7, 200}}))
+                                                   FlashConfig{13, 20}, FlashConfig{200, 7}, FlashConfig{7, 200},
+                                                   FlashConfig{13, 20, 26}, FlashConfig{7, 16, 1}}))
     check_backward(c);
 }
 

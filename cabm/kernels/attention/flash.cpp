@@ -140,6 +140,13 @@ int backward_split_runs() {
   return runs;
 }
 
+int64_t backward_chunk_rows(int64_t N, int64_t block_q, int64_t row_bytes, const FlashConfig& config) {
+  CABM_CHECK(config.backward_rows >= 0, "backward_rows must be >= 0, got {}", config.backward_rows);
+  if (config.backward_rows > 0) return std::min(N, (config.backward_rows + block_q - 1) / block_q * block_q);
+  if (N * row_bytes <= kBackwardChunkBytes) return N;
+  return std::max<int64_t>(1, kBackwardChunkBytes / row_bytes / block_q) * block_q;
+}
+
 void set_backward_split_runs(int runs) {
   CABM_CHECK(runs >= 0 && runs <= kMaxSplitRuns, "set_backward_split_runs: {} is not in [0, {}]", runs, kMaxSplitRuns);
   g_split_runs_pin.store(runs, std::memory_order_relaxed);

@@ -82,56 +82,17 @@ CABM_AMX void softmax_rows_nv(const float* x, const float* mrow, const float* z,
     finish_row(m_new[r], vsum, m[r], l[r], alpha[r]);
   }
 }
-template <int NV>
-CABM_AMX void softmax_row_nv(const float* x, const float* mrow, const float* z, int64_t nk32, float qscale, bf16* prow,
-                             float& m, float& l, float& alpha) {
-  softmax_rows_nv<NV, 1>(x, mrow, z, 0, nk32, qscale, prow, &m, &l, &alpha);
-}
-
-// One row, nk16 <= 128.
-CABM_AMX void softmax_row_any(const float* x, const float* mrow, const float* z, int64_t nk16, int64_t nk32,
-                              float qscale, bf16* prow, float& m, float& l, float& alpha) {
-  switch (nk16 / 16) {
-    case 1:
-      return softmax_row_nv<1>(x, mrow, z, nk32, qscale, prow, m, l, alpha);
-    case 2:
-      return softmax_row_nv<2>(x, mrow, z, nk32, qscale, prow, m, l, alpha);
-    case 3:
-      return softmax_row_nv<3>(x, mrow, z, nk32, qscale, prow, m, l, alpha);
-    case 4:
-      return softmax_row_nv<4>(x, mrow, z, nk32, qscale, prow, m, l, alpha);
-    case 5:
-      return softmax_row_nv<5>(x, mrow, z, nk32, qscale, prow, m, l, alpha);
-    case 6:
-      return softmax_row_nv<6>(x, mrow, z, nk32, qscale, prow, m, l, alpha);
-    case 7:
-      return softmax_row_nv<7>(x, mrow, z, nk32, qscale, prow, m, l, alpha);
-    default:
-      return softmax_row_nv<8>(x, mrow, z, nk32, qscale, prow, m, l, alpha);
-  }
-}
-
-// Two rows r, r + 1 (x, mrow, z, prow at row r, rows lds apart), nk16 <= 128.
-CABM_AMX void softmax_two_rows(const float* x, const float* mrow, const float* z, int64_t lds, int64_t nk16,
+// R rows (1 or 2; x, mrow, z, prow at the first, rows lds apart) of nk16 <= 128 keys: the
+// instance of softmax_rows_nv for the tile's number of key vectors.
+template <int R>
+CABM_AMX void softmax_rows_any(const float* x, const float* mrow, const float* z, int64_t lds, int64_t nk16,
                                int64_t nk32, float qscale, bf16* prow, float* m, float* l, float* alpha) {
-  switch (nk16 / 16) {
-    case 1:
-      return softmax_rows_nv<1, 2>(x, mrow, z, lds, nk32, qscale, prow, m, l, alpha);
-    case 2:
-      return softmax_rows_nv<2, 2>(x, mrow, z, lds, nk32, qscale, prow, m, l, alpha);
-    case 3:
-      return softmax_rows_nv<3, 2>(x, mrow, z, lds, nk32, qscale, prow, m, l, alpha);
-    case 4:
-      return softmax_rows_nv<4, 2>(x, mrow, z, lds, nk32, qscale, prow, m, l, alpha);
-    case 5:
-      return softmax_rows_nv<5, 2>(x, mrow, z, lds, nk32, qscale, prow, m, l, alpha);
-    case 6:
-      return softmax_rows_nv<6, 2>(x, mrow, z, lds, nk32, qscale, prow, m, l, alpha);
-    case 7:
-      return softmax_rows_nv<7, 2>(x, mrow, z, lds, nk32, qscale, prow, m, l, alpha);
-    default:
-      return softmax_rows_nv<8, 2>(x, mrow, z, lds, nk32, qscale, prow, m, l, alpha);
-  }
+  using RowsFn =
+      void (*)(const float*, const float*, const float*, int64_t, int64_t, float, bf16*, float*, float*, float*);
+  static constexpr RowsFn kByVectors[8] = {&softmax_rows_nv<1, R>, &softmax_rows_nv<2, R>, &softmax_rows_nv<3, R>,
+                                           &softmax_rows_nv<4, R>, &softmax_rows_nv<5, R>, &softmax_rows_nv<6, R>,
+                                           &softmax_rows_nv<7, R>, &softmax_rows_nv<8, R>};
+  kByVectors[std::clamp<int64_t>(nk16 / 16, 1, 8) - 1](x, mrow, z, lds, nk32, qscale, prow, m, l, alpha);
 }
 
 CABM_AMX void scale_row(float* o, int64_t n, float a) {
@@ -152,11 +113,8 @@ CABM_AMX void forward_tile(const AmxForwardTile& t) {
       const int64_t nr = std::min<int64_t>(2, t.ni - r);
       const float* mrow = t.mask ? t.mask + r * t.lds : nullptr;
       const float* z = t.z ? t.z + r * t.lds : nullptr;
-      if (nr == 2)
-        softmax_two_rows(t.s + r * t.lds, mrow, z, t.lds, nk16, nk32, t.qscale, t.p + r * t.lds, t.m + r, t.l + r,
-                         t.alpha + r);
-      else
-        softmax_row_any(t.s + r * t.lds, mrow, z, nk16, nk32, t.qscale, t.p + r * t.lds, t.m[r], t.l[r], t.alpha[r]);
+      const auto rows = nr == 2 ? &softmax_rows_any<2> : &softmax_rows_any<1>;
+      rows(t.s + r * t.lds, mrow, z, t.lds, nk16, nk32, t.qscale, t.p + r * t.lds, t.m + r, t.l + r, t.alpha + r);
     }
   } else {
     // All rows in one call: each row's maximum is taken during the previous row's weights. P's

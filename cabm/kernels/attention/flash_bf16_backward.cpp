@@ -143,22 +143,25 @@ struct Problem {
   int64_t inner, row_pad;    // the products' (kInner, kRowPad)
   int64_t d_in, dv_in;       // d, dv rounded up to inner: the A rows of S and dP
   int64_t dqp, dvp;          // d, dv rounded up to 16: columns of dQ, rows of dKᵀ and dVᵀ
-  int64_t rows;              // Q, dO, dQ rows kept per query head: N + row_pad (whole row blocks)
+  int64_t chunk;             // query rows per chunk (backward_chunk_rows): N or a multiple of block_q
+  int64_t rows;              // Q, dO, dQ rows kept per query head: chunk + row_pad (whole row blocks)
   int64_t block_q, block_k;  // tiles
   int64_t bq_rows, bq_in;    // block_q rounded up to row_pad (S, dP, dS rows), to inner (Qᵀ, dOᵀ width)
   int64_t bk16, bk_in;       // block_k rounded up to 16 (S, dP columns), bk16 to inner (dS row stride)
-  int64_t query_tiles, key_tiles;
+  int64_t query_tiles;       // of a chunk
+  int64_t key_tiles;
   float scale, qscale, keep_scale;
   bool dropout;
 };
 
-// Per-thread buffers. Per query head u of the group: Q rows [rows][d_in] and dO rows [rows][dv_in]
-// (bf16, the A operands of S and dP; rows past N stay zero), Q and dO per query tile as the A
-// operand of the transposed products ([tiles][bq_in·dqp|dvp], pack_transposed), lse2 and D [N],
-// dq [rows][dqp]. Per key tile: K and V as 16-key blocks [bk16/16][d_in|dv_in / 2][16][2], K as
-// pairs of keys [bk_in/2][dqp][2], the dKᵀ and dVᵀ accumulators [dqp|dvp][bk16]. Per tile pair: S,
-// dP, the mask and dropout rows [bq_rows][bk16], dS [bq_rows][bk_in] in bf16 (A of dQ), and P∘z and
-// dS as pairs of query rows [bq_in/2][bk16][2] (B of dVᵀ and dKᵀ).
+// Per-thread buffers. Per query head u of the group, for the chunk of query rows in hand: Q rows
+// [rows][d_in] and dO rows [rows][dv_in] (bf16, the A operands of S and dP; rows past the chunk's
+// are zero), Q and dO per query tile as the A operand of the transposed products
+// ([tiles][bq_in·dqp|dvp], pack_transposed), lse2 and D [chunk], dq [rows][dqp]. Per key tile: K
+// and V as 16-key blocks [bk16/16][d_in|dv_in / 2][16][2], K as pairs of keys [bk_in/2][dqp][2],
+// the dKᵀ and dVᵀ accumulators [dqp|dvp][bk16]. Per tile pair: S, dP, the mask and dropout rows
+// [bq_rows][bk16], dS [bq_rows][bk_in] in bf16 (A of dQ), and P∘z and dS as pairs of query rows
+// [bq_in/2][bk16][2] (B of dVᵀ and dKᵀ).
 // All 64-byte aligned (detail::AlignedVector): the AMX tiles' rows and the zmm loads each stay
 // within one cache line where the row strides allow it.
 struct Buffers {
@@ -182,8 +185,8 @@ struct Buffers {
     zeroed(ds, p.bq_rows * p.bk_in);
     zeroed(pz_pairs, p.bq_in * p.bk16);
     zeroed(ds_pairs, p.bq_in * p.bk16);
-    zeroed(lse2, p.group * p.N);
-    zeroed(delta, p.group * p.N);
+    zeroed(lse2, p.group * p.chunk);
+    zeroed(delta, p.group * p.chunk);
     zeroed(dq, p.group * p.rows * p.dqp);
     zeroed(dkt, p.dqp * p.bk16);
     zeroed(dvt, p.dvp * p.bk16);
@@ -213,28 +216,32 @@ struct Args {
   const Problem& p;
 };
 
-// Query head u = h − hk·group of the item: its operands, its rows' lse2 and D (backward_row_terms),
-// and a zero dq.
+// Query head u = h − hk·group of the item, rows [chunk.begin, chunk.end): their operands, lse2
+// and D (backward_row_terms), and a zero dq.
 template <class Products>
-void begin_query_head(const Args& args, Buffers& buf, int64_t b, int64_t h, int64_t u) {
+void begin_query_head(const Args& args, Buffers& buf, int64_t b, int64_t h, int64_t u, Range chunk) {
   const Problem& p = args.p;
   const Tensor& q = args.saved.q;
+  const int64_t n = chunk.end - chunk.begin;
   bf16* qrows = buf.q.data() + u * p.rows * p.d_in;
   bf16* grows = buf.g.data() + u * p.rows * p.dv_in;
-  backward_row_terms(args.saved, args.dout, b, h, buf.delta.data() + u * p.N, buf.lse2.data() + u * p.N);
-  const bf16* qh = bf16_head_ptr(q, b, h);
+  backward_row_terms(args.saved, args.dout, b, h, chunk.begin, chunk.end, buf.delta.data() + u * p.chunk,
+                     buf.lse2.data() + u * p.chunk);
+  const bf16* qh = bf16_head_ptr(q, b, h) + chunk.begin * q.stride(1);
   const int64_t q_stride = q.stride(1);
   const HeadRows g_rows = head_rows(args.dout, b, h);
-  for (int64_t i = 0; i < p.N; ++i) {
+  for (int64_t i = 0; i < n; ++i) {
     const bf16* qi = qh + i * q_stride;
     std::copy_n(qi, p.d, qrows + i * p.d_in);
     std::fill(qrows + i * p.d_in + p.d, qrows + (i + 1) * p.d_in, bf16{0});
-    float_to_bf16(g_rows.row(i), grows + i * p.dv_in, p.dv);
+    float_to_bf16(g_rows.row(chunk.begin + i), grows + i * p.dv_in, p.dv);
     std::fill(grows + i * p.dv_in + p.dv, grows + (i + 1) * p.dv_in, bf16{0});
   }
+  std::fill(qrows + n * p.d_in, qrows + p.rows * p.d_in, bf16{0});  // a shorter last chunk
+  std::fill(grows + n * p.dv_in, grows + p.rows * p.dv_in, bf16{0});
   // Q and dO of each query tile as the A operands of dKᵀ and dVᵀ.
-  for (int64_t t = 0; t < p.query_tiles; ++t) {
-    const int64_t i0 = t * p.block_q, ni = std::min(p.block_q, p.N - i0);
+  for (int64_t t = 0; t * p.block_q < n; ++t) {
+    const int64_t i0 = t * p.block_q, ni = std::min(p.block_q, n - i0);
     Products::pack_transposed(qrows + i0 * p.d_in, p.d_in, ni, p.d, p.bq_in, p.dqp,
                               buf.qt.data() + (u * p.query_tiles + t) * p.bq_in * p.dqp);
     Products::pack_transposed(grows + i0 * p.dv_in, p.dv_in, ni, p.dv, p.bq_in, p.dvp,
@@ -295,11 +302,12 @@ CABM_AVX512_BF16 void tile_gradients(const Problem& p, Buffers& buf, int64_t ni,
   std::fill(buf.ds_pairs.data() + round_up(ni, 2) * nk16, buf.ds_pairs.data() + pairs_end, bf16{0});
 }
 
-// Key tile kt of key/value head (b, hk), after begin_query_head for each query head of the group:
-// K and V of the tile packed, then query head by head, query tile by query tile, the five
-// products; the tile's dK and dV rows are written, dQ of the group's rows accumulates in buf.dq.
+// Key tile kt of key/value head (b, hk) against the chunk's query rows, after begin_query_head for
+// each query head of the group: K and V of the tile packed, then query head by head, query tile by
+// query tile, the five products; the tile's dK and dV rows are written by the first chunk and
+// added to by the later ones, dQ of the chunk's rows accumulates in buf.dq.
 template <class Products>
-void backward_key_tile(const Args& args, Buffers& buf, int64_t b, int64_t hk, int64_t kt) {
+void backward_key_tile(const Args& args, Buffers& buf, int64_t b, int64_t hk, int64_t kt, Range chunk) {
   const Problem& p = args.p;
   const Tensor &k = args.saved.k, &v = args.saved.v;
   const bf16 *kh = bf16_head_ptr(k, b, hk), *vh = bf16_head_ptr(v, b, hk);
@@ -316,8 +324,10 @@ void backward_key_tile(const Args& args, Buffers& buf, int64_t b, int64_t hk, in
   for (int64_t u = 0; u < p.group; ++u) {
     const int64_t h = hk * p.group + u;
     const DropoutMatrix dropout(args.options, b, h, p.H, p.M);
-    for (int64_t i0 = query_range.begin / p.block_q * p.block_q; i0 < query_range.end; i0 += p.block_q) {
-      const int64_t ni = std::min(p.block_q, p.N - i0), ni_in = round_up(ni, p.inner), t = i0 / p.block_q;
+    const int64_t first = std::max(query_range.begin / p.block_q * p.block_q, chunk.begin);
+    for (int64_t i0 = first; i0 < std::min(query_range.end, chunk.end); i0 += p.block_q) {
+      const int64_t ni = std::min(p.block_q, p.N - i0), ni_in = round_up(ni, p.inner);
+      const int64_t li = i0 - chunk.begin, t = li / p.block_q;  // the row and the tile in the buffers
       const Range rows{i0, i0 + ni};
       const TileKind kind = args.mask.classify(b, h, rows, keys);
       if (kind == TileKind::kSkip) continue;
@@ -325,13 +335,13 @@ void backward_key_tile(const Args& args, Buffers& buf, int64_t b, int64_t hk, in
       if (p.dropout)
         for (int64_t r = 0; r < ni; ++r)
           dropout.fill_row(i0 + r, j0, j0 + nk, p.keep_scale, buf.z.data() + r * buf.lds, 1);
-      const bf16* qrows = buf.q.data() + (u * p.rows + i0) * p.d_in;
-      const bf16* grows = buf.g.data() + (u * p.rows + i0) * p.dv_in;
+      const bf16* qrows = buf.q.data() + (u * p.rows + li) * p.d_in;
+      const bf16* grows = buf.g.data() + (u * p.rows + li) * p.dv_in;
       buf.prefetch.pump();
       Products::scores(qrows, ni, p.d_in, buf.kblocks.data(), nk16, buf.s.data(), buf.lds);
       buf.prefetch.pump();
       Products::scores(grows, ni, p.dv_in, buf.vblocks.data(), nk16, buf.dpp.data(), buf.lds);
-      tile_gradients(p, buf, ni, nk, buf.lse2.data() + u * p.N + i0, buf.delta.data() + u * p.N + i0,
+      tile_gradients(p, buf, ni, nk, buf.lse2.data() + u * p.chunk + li, buf.delta.data() + u * p.chunk + li,
                      kind == TileKind::kPartial);
       const bf16* gt = buf.gt.data() + (u * p.query_tiles + t) * p.bq_in * p.dvp;
       const bf16* qt = buf.qt.data() + (u * p.query_tiles + t) * p.bq_in * p.dqp;
@@ -341,35 +351,80 @@ void backward_key_tile(const Args& args, Buffers& buf, int64_t b, int64_t hk, in
       Products::transposed_product(qt, p.bq_in, p.d, p.dqp, ni_in, buf.ds_pairs.data(), nk16, buf.dkt.data(), p.bk16);
       buf.prefetch.pump();
       Products::dq_product(buf.ds.data(), buf.ldds, ni, buf.kpairs.data(), nk_in, p.dqp,
-                           buf.dq.data() + (u * p.rows + i0) * p.dqp);
+                           buf.dq.data() + (u * p.rows + li) * p.dqp);
     }
   }
+  const bool first_chunk = chunk.begin == 0;
   for (int64_t j = 0; j < nk; ++j) {
-    float* dkrow = dk_rows.row(j0 + j);
-    for (int64_t e = 0; e < p.d; ++e) dkrow[e] = buf.dkt[e * p.bk16 + j] * p.scale;
-    float* dvrow = dv_rows.row(j0 + j);
-    for (int64_t e = 0; e < p.dv; ++e) dvrow[e] = buf.dvt[e * p.bk16 + j];
+    float *dkrow = dk_rows.row(j0 + j), *dvrow = dv_rows.row(j0 + j);
+    for (int64_t e = 0; e < p.d; ++e) {
+      const float x = buf.dkt[e * p.bk16 + j] * p.scale;
+      dkrow[e] = first_chunk ? x : dkrow[e] + x;
+    }
+    for (int64_t e = 0; e < p.dv; ++e)
+      dvrow[e] = first_chunk ? buf.dvt[e * p.bk16 + j] : dvrow[e] + buf.dvt[e * p.bk16 + j];
   }
 }
 
-// dQ of the group's query heads from its unscaled sums dq ([group][rows][dqp], as buf.dq).
-void write_dq(const Args& args, const float* dq, int64_t b, int64_t hk) {
+// dQ of the chunk's rows of the group's query heads from their unscaled sums dq ([group][rows][dqp],
+// as buf.dq).
+void write_dq(const Args& args, const float* dq, int64_t b, int64_t hk, Range chunk) {
   const Problem& p = args.p;
   for (int64_t u = 0; u < p.group; ++u) {
     const HeadRows dq_rows = head_rows(args.grads.dq, b, hk * p.group + u);
-    for (int64_t i = 0; i < p.N; ++i) {
+    for (int64_t i = chunk.begin; i < chunk.end; ++i) {
       float* dqrow = dq_rows.row(i);
-      for (int64_t e = 0; e < p.d; ++e) dqrow[e] = dq[(u * p.rows + i) * p.dqp + e] * p.scale;
+      const float* sum = dq + (u * p.rows + i - chunk.begin) * p.dqp;
+      for (int64_t e = 0; e < p.d; ++e) dqrow[e] = sum[e] * p.scale;
     }
   }
 }
 
 template <class Products>
+void begin_chunk(const Args& args, Buffers& buf, int64_t b, int64_t hk, Range chunk) {
+  for (int64_t u = 0; u < args.p.group; ++u) begin_query_head<Products>(args, buf, b, hk * args.p.group + u, u, chunk);
+}
+
+// Whole-head mode: the head's chunks in order, each against every key tile.
+template <class Products>
 void backward_kv_head(const Args& args, Buffers& buf, int64_t b, int64_t hk) {
   const Problem& p = args.p;
-  for (int64_t u = 0; u < p.group; ++u) begin_query_head<Products>(args, buf, b, hk * p.group + u, u);
-  for (int64_t kt = 0; kt < p.key_tiles; ++kt) backward_key_tile<Products>(args, buf, b, hk, kt);
-  write_dq(args, buf.dq.data(), b, hk);
+  for (int64_t i0 = 0; i0 < p.N; i0 += p.chunk) {
+    const Range chunk{i0, std::min(p.N, i0 + p.chunk)};
+    begin_chunk<Products>(args, buf, b, hk, chunk);
+    for (int64_t kt = 0; kt < p.key_tiles; ++kt) backward_key_tile<Products>(args, buf, b, hk, kt, chunk);
+    write_dq(args, buf.dq.data(), b, hk, chunk);
+  }
+}
+
+// Split mode (attention/backward_split.h), chunk by chunk: the chunks of whole-head mode in the
+// same order, so that dK and dV get the same bits either way. Called by every thread of the
+// parallel region (it contains barriers).
+template <class Products>
+void backward_split_chunks(const Args& args, Buffers& buf, std::vector<int64_t>& prefix,
+                           std::vector<SplitPartials>& shared, int t, int T) {
+  const Problem& p = args.p;
+  const int64_t heads = p.B * p.Hkv, acc_floats = p.group * p.rows * p.dqp;
+  buf.split.resize(static_cast<size_t>(split_sum_floats(t, T, acc_floats)));
+  for (int64_t i0 = 0; i0 < p.N; i0 += p.chunk) {
+    const Range chunk{i0, std::min(p.N, i0 + p.chunk)};
+#pragma omp single
+    {
+      // prefix[n] = estimated cost of items [0, n): an item (head, key tile) costs the chunk's
+      // query rows in range for each query head of the group, + 1 so that empty items count.
+      for (int64_t n = 0; n < heads * p.key_tiles; ++n) {
+        const int64_t b = n / p.key_tiles / p.Hkv, j0 = n % p.key_tiles * p.block_k;
+        const Range rows = args.mask.query_range(b, {j0, std::min(p.M, j0 + p.block_k)});
+        const int64_t seen = std::max<int64_t>(0, std::min(rows.end, chunk.end) - std::max(rows.begin, chunk.begin));
+        prefix[n + 1] = prefix[n] + seen * p.group + 1;
+      }
+    }  // (a barrier)
+    split_key_tiles(
+        prefix, p.key_tiles, acc_floats, buf.dq.data(), buf.split.data(), shared, t, T,
+        [&](int64_t hd) { begin_chunk<Products>(args, buf, hd / p.Hkv, hd % p.Hkv, chunk); },
+        [&](int64_t hd, int64_t kt) { backward_key_tile<Products>(args, buf, hd / p.Hkv, hd % p.Hkv, kt, chunk); },
+        [&](int64_t hd, const float* dq) { write_dq(args, dq, hd / p.Hkv, hd % p.Hkv, chunk); });
+  }
 }
 
 template <class Products>
@@ -381,11 +436,14 @@ void run(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions
   p.inner = Products::kInner, p.row_pad = Products::kRowPad;
   p.d_in = round_up(std::max<int64_t>(p.d, 1), p.inner), p.dv_in = round_up(std::max<int64_t>(p.dv, 1), p.inner);
   p.dqp = round_up(std::max<int64_t>(p.d, 1), 16), p.dvp = round_up(std::max<int64_t>(p.dv, 1), 16);
-  p.rows = p.N + p.row_pad;
   p.block_q = tiles.block_q, p.block_k = tiles.block_k;
+  // A row's buffers (begin_query_head): Q, dO, their transposed copies, dQ, lse2 and D.
+  const int64_t row_bytes = p.group * (2 * (p.d_in + p.dv_in + p.dqp + p.dvp) + 4 * p.dqp + 8);
+  p.chunk = backward_chunk_rows(p.N, p.block_q, row_bytes, tiles);
+  p.rows = p.chunk + p.row_pad;
   p.bq_rows = round_up(p.block_q, p.row_pad), p.bq_in = round_up(p.block_q, p.inner);
   p.bk16 = round_up(p.block_k, kBlock), p.bk_in = round_up(p.bk16, p.inner);
-  p.query_tiles = (p.N + p.block_q - 1) / p.block_q, p.key_tiles = (p.M + p.block_k - 1) / p.block_k;
+  p.query_tiles = (p.chunk + p.block_q - 1) / p.block_q, p.key_tiles = (p.M + p.block_k - 1) / p.block_k;
   p.scale = attention_scale(options, p.d);
   p.qscale = p.scale * kLog2e;
   p.keep_scale = 1.0f / (1.0f - options.dropout);
@@ -397,22 +455,12 @@ void run(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions
   // the runs depend on the thread count.
   const int64_t heads = p.B * p.Hkv, runs = backward_split_runs();
   const bool whole_heads = heads % runs == 0 || heads >= 4 * runs;
-  std::vector<int64_t> prefix;  // of the split: prefix[n] = estimated cost of items [0, n)
-  if (!whole_heads) {
-    // An item (head, key tile) costs its query rows in range for each query head of the group,
-    // + 1 so that empty items count.
-    prefix.assign(static_cast<size_t>(heads * p.key_tiles + 1), 0);
-    for (int64_t n = 0; n < heads * p.key_tiles; ++n) {
-      const int64_t b = n / p.key_tiles / p.Hkv, j0 = n % p.key_tiles * p.block_k;
-      const Range rows = mask.query_range(b, {j0, std::min(p.M, j0 + p.block_k)});
-      prefix[n + 1] = prefix[n] + std::max<int64_t>(0, rows.end - rows.begin) * p.group + 1;
-    }
-  }
+  std::vector<int64_t> prefix(static_cast<size_t>(whole_heads ? 0 : heads * p.key_tiles + 1), 0);  // of the split
   std::vector<SplitPartials> partials(static_cast<size_t>(omp_get_max_threads()));
   // Whole heads are claimed one ahead (a shared counter, as `omp for schedule(dynamic, 1)` would
   // hand them out), so that a thread asks for its next head's rows while it works on this one
-  // (queue_backward_head; the tile loop pumps before each of its five products, over about half
-  // the tile pairs with a diagonal mask, for each query head of the group).
+  // (queue_backward_head, when a head is one chunk; the tile loop pumps before each of its five
+  // products, over about half the tile pairs with a diagonal mask, for each query head of the group).
   const int64_t pumps = 5 * p.key_tiles * p.query_tiles * p.group / 2;
   std::atomic<int64_t> next_head{0};
 #pragma omp parallel
@@ -422,7 +470,7 @@ void run(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions
     if (whole_heads) {
       for (int64_t hd = next_head.fetch_add(1); hd < heads;) {
         const int64_t following = next_head.fetch_add(1);
-        if (following < heads)
+        if (following < heads && p.chunk == p.N)
           queue_backward_head(buf.prefetch, saved, dout, grads, following / p.Hkv, following % p.Hkv, pumps);
         else
           buf.prefetch.clear();
@@ -430,18 +478,8 @@ void run(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions
         hd = following;
       }
     } else {
-      const int t = omp_get_thread_num(), T = omp_get_num_threads();
-      const int64_t acc_floats = p.group * p.rows * p.dqp;
       buf.prefetch.clear();
-      buf.split.resize(static_cast<size_t>(split_sum_floats(t, T, acc_floats)));
-      split_key_tiles(
-          prefix, p.key_tiles, acc_floats, buf.dq.data(), buf.split.data(), partials, t, T,
-          [&](int64_t hd) {
-            for (int64_t u = 0; u < p.group; ++u)
-              begin_query_head<Products>(args, buf, hd / p.Hkv, hd % p.Hkv * p.group + u, u);
-          },
-          [&](int64_t hd, int64_t kt) { backward_key_tile<Products>(args, buf, hd / p.Hkv, hd % p.Hkv, kt); },
-          [&](int64_t hd, const float* dq) { write_dq(args, dq, hd / p.Hkv, hd % p.Hkv); });
+      backward_split_chunks<Products>(args, buf, prefix, partials, omp_get_thread_num(), omp_get_num_threads());
     }
     Products::end();
   }

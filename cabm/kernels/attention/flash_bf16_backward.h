@@ -22,12 +22,12 @@ void attention_flash_bf16_backward_portable(const AttentionSaved& saved, const T
                                             const AttentionOptions& options, const AttentionGrads& grads,
                                             const FlashConfig& config);
 
-// The per-row terms of the backward for the query rows of head (b, h), shared by the bf16
+// The per-row terms of the backward for query rows [i0, i1) of head (b, h), shared by the bf16
 // backward paths (one definition, in attention/flash_bf16_portable_backward.cpp, so that every
-// path gets the same bits): D_i = dO_i · O_i in fp32 (on dO before it is rounded) into delta, and
-// lse2_i = lse_i · log2(e) into lse2, +inf on fully masked rows (lse −inf) so that
-// P = exp2(S·qscale − lse2) is 0 there.
-void backward_row_terms(const AttentionSaved& saved, const Tensor& dout, int64_t b, int64_t h, float* delta,
-                        float* lse2);
+// path gets the same bits): D_i = dO_i · O_i in fp32 (on dO before it is rounded) into
+// delta[i − i0], and lse2_i = lse_i · log2(e) into lse2[i − i0], +inf on fully masked rows (lse
+// −inf) so that P = exp2(S·qscale − lse2) is 0 there.
+void backward_row_terms(const AttentionSaved& saved, const Tensor& dout, int64_t b, int64_t h, int64_t i0, int64_t i1,
+                        float* delta, float* lse2);
 
 }  // namespace cabm::detail

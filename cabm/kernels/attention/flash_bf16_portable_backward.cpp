@@ -31,23 +31,23 @@
 
 namespace cabm::detail {
 
-void backward_row_terms(const AttentionSaved& saved, const Tensor& dout, int64_t b, int64_t h, float* delta,
-                        float* lse2) {
+void backward_row_terms(const AttentionSaved& saved, const Tensor& dout, int64_t b, int64_t h, int64_t i0, int64_t i1,
+                        float* delta, float* lse2) {
   constexpr float kLog2e = 1.4426950408889634f;
   const Tensor& o = saved.out;
   const int64_t N = o.size(1), H = o.size(2), dv = o.size(3);
   const float* lse = saved.lse.data<float>() + (b * H + h) * N;
   const HeadRows g_rows = head_rows(dout, b, h), o_rows = head_rows(o, b, h);
   constexpr int kParts = 8;  // partial sums over the columns c ≡ k (mod 8): a dot the compiler vectorizes
-  for (int64_t i = 0; i < N; ++i) {
+  for (int64_t i = i0; i < i1; ++i) {
     const float *gi = g_rows.row(i), *oi = o_rows.row(i);
     float part[kParts] = {};
     int64_t c = 0;
     for (; c + kParts <= dv; c += kParts)
       for (int k = 0; k < kParts; ++k) part[k] += gi[c + k] * oi[c + k];
     for (int k = 0; c < dv; ++c, ++k) part[k] += gi[c] * oi[c];
-    delta[i] = ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
-    lse2[i] = lse[i] == -INFINITY ? INFINITY : lse[i] * kLog2e;
+    delta[i - i0] = ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
+    lse2[i - i0] = lse[i] == -INFINITY ? INFINITY : lse[i] * kLog2e;
   }
 }
 
@@ -104,7 +104,7 @@ void backward_query_head_portable(const BackwardArgs& args, BackwardBuffers& buf
   const int64_t N = p.N, M = p.M, d = p.d, dv = p.dv;
   const Tensor& q = args.saved.q;
   bf16_to_float_2d(bf16_head_ptr(q, b, h), q.stride(1), buf.q.data(), d, N, d);
-  backward_row_terms(args.saved, args.dout, b, h, buf.delta.data(), buf.lse2.data());
+  backward_row_terms(args.saved, args.dout, b, h, 0, args.p.N, buf.delta.data(), buf.lse2.data());
   const HeadRows g_rows = head_rows(args.dout, b, h);
   for (int64_t i = 0; i < N; ++i) {
     const float* gi = g_rows.row(i);

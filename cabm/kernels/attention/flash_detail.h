@@ -29,4 +29,13 @@ inline constexpr int kMaxSplitRuns = 16;
 int backward_split_runs();
 void set_backward_split_runs(int runs);
 
+// The query rows of each head the tiled backwards hold at once: config.backward_rows (rounded up
+// to block_q) where set, else all N when N rows of row_bytes (the per-row buffers of a head's
+// group: Q, dO, dQ, lse, D, ...) fit in kBackwardChunkBytes, else a multiple of block_q that does.
+// Each chunk is walked against every key tile, so each extra chunk costs one more packing of the
+// key tiles (O(M·d) against O(rows·M·d) of products), and the working memory stays bounded at any
+// N. It depends only on the shapes, never on the thread count.
+inline constexpr int64_t kBackwardChunkBytes = 4 << 20;
+int64_t backward_chunk_rows(int64_t N, int64_t block_q, int64_t row_bytes, const FlashConfig& config);
+
 }  // namespace cabm::detail

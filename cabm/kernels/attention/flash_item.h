@@ -163,21 +163,13 @@ inline Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, c
   return p;
 }
 
-// The query rows of each query head a thread holds at once in whole-head mode
-// (FlashConfig::backward_rows): all N when the per-row buffers of the group (Q, dO, dq, lse, D)
-// fit in kChunkBytes, else a multiple of block_q that does. With long sequences this bounds the
-// backward's working memory (N = 65536, d = 64: 48 MiB per thread without chunks); each extra
-// chunk costs one more packing of the key tiles (O(M·d) against O(rows·M·d) of products). It
-// depends only on the shapes, never on the thread count or the instruction set (rows are counted
-// at the widest vector, 16 lanes).
+// The query rows of each query head a thread holds at once (detail::backward_chunk_rows; with
+// long sequences N = 65536, d = 64: 48 MiB per thread without chunks). Rows are counted at the
+// widest vector, 16 lanes, so that the chunks do not depend on the instruction set.
 inline constexpr int64_t kMaxWidth = 16;
-inline constexpr int64_t kChunkBytes = 4 << 20;
 inline int64_t backward_chunk_rows(const Problem& p, const FlashConfig& config) {
-  CABM_CHECK(config.backward_rows >= 0, "backward_rows must be >= 0, got {}", config.backward_rows);
-  if (config.backward_rows > 0) return std::min(p.N, round_up(config.backward_rows, p.block_q));
   const int64_t row_bytes = 4 * p.group * (round_up(p.d, kMaxWidth) + p.d + p.dv + 2);
-  if (p.N * row_bytes <= kChunkBytes) return p.N;
-  return std::max<int64_t>(1, kChunkBytes / row_bytes / p.block_q) * p.block_q;
+  return detail::backward_chunk_rows(p.N, p.block_q, row_bytes, config);
 }
 
 // The backward's split of few heads (attention/backward_split.h): the key tiles of each chunk are
