@@ -269,6 +269,25 @@ TEST(Flash, FullyMaskedRowsAndKeysGiveZeros) {
   compare_runs(r, run_reference(in, options), relative_bound(s, in.q, in.k, options), magnitudes(in, options));
 }
 
+// No queries (N = 0) and keys: nothing reaches K and V, so dk and dv are zero (they were left
+// unwritten until session 36), through the kernel and through attention_backward, on every set.
+TEST(Flash, NoQueriesGiveZeroKeyGradients) {
+  const Dims s{2, 0, 37, 2, 8, 6};
+  const test::Inputs in = test::random_inputs(s, 3, true);
+  for (SimdIsa isa : test::flash_isas()) {
+    const test::ScopedSimdIsa pin(isa);
+    for (bool entry : {false, true}) {
+      Outcome r = run_flash(in, AttentionOptions{}, {16, 16});
+      if (entry) {
+        r.grads = test::strided_grads(s);
+        attention_backward({in.q, in.k, in.v, r.out, r.lse}, in.g, AttentionOptions{}, r.grads);
+      }
+      for (const Tensor* t : {&r.grads.dk, &r.grads.dv})
+        for (float x : t->to_vector()) ASSERT_EQ(x, 0.0f) << simd_isa_name(isa) << (entry ? " attention_backward" : "");
+    }
+  }
+}
+
 TEST(Flash, SingleKey) {
   for (const FlashCase& c : test::single_key_cases()) check(c);
 }

@@ -238,6 +238,18 @@ TEST(AttentionFlashBf16Backward, SplitRunsGiveTheSameBitsForAnyThreadCount) {
   }
 }
 
+// No queries (N = 0) and keys: dk and dv are zero on every path (left unwritten by the fast paths
+// until session 36).
+TEST(AttentionFlashBf16Backward, NoQueriesGiveZeroKeyGradients) {
+  const Inputs in = make_inputs({2, 0, 37, 2, 8, 6}, 3, true);
+  for (const PathSetting& setting : backward_paths()) {
+    ScopedPath scoped(setting);
+    const Outcome r = run_bf16(in, AttentionOptions{}, {16, 16}, true);
+    for (const Tensor* t : {&r.grads.dk, &r.grads.dv})
+      for (float x : t->to_vector()) ASSERT_EQ(x, 0.0f) << attention_flash_bf16_backward_path();
+  }
+}
+
 TEST(AttentionFlashBf16Backward, FullyMaskedRowsAndKeysGiveZeros) {
   // Bottom-right causal with N > M: queries 0..29 see no key; item 1 has no keys at all. Keys
   // 35..39 of item 0 are padding, so no query sees them.

@@ -313,6 +313,11 @@ template <typename Elem>
 void backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
               const AttentionGrads& grads, const FlashConfig& config) {
   const Problem p = make_problem(saved.q, saved.k, saved.v, options, config, true);
+  if (p.N == 0) {  // no query reaches K and V (the loops below walk query rows)
+    Tensor(grads.dk).fill(0.0f);  // (a view of the same storage)
+    Tensor(grads.dv).fill(0.0f);
+    return;
+  }
   const TileMask mask(options.mask, p.B, p.H, p.N, p.M);
   const BackwardArgs args{saved, dout, grads, options, mask, p, backward_chunk_rows(p, config)};
   const KeyTileFn key_tile = p.variants.any() ? &backward_key_tile<Elem, true> : &backward_key_tile<Elem, false>;

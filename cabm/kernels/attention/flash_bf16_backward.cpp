@@ -448,6 +448,11 @@ void run(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions
   p.qscale = p.scale * kLog2e;
   p.keep_scale = 1.0f / (1.0f - options.dropout);
   p.dropout = options.dropout > 0.0f;
+  if (p.N == 0) {  // no query reaches K and V (the chunks walk query rows)
+    Tensor(grads.dk).fill(0.0f);  // (a view of the same storage)
+    Tensor(grads.dv).fill(0.0f);
+    return;
+  }
   const TileMask mask(options.mask, p.B, p.H, p.N, p.M);
   const Args args{saved, dout, grads, options, mask, p};
   // Whole heads when they balance over the processors (as the fp32 backward decides,
