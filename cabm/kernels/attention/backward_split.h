@@ -10,6 +10,7 @@
 #pragma once
 
 #include "cabm/kernels/attention/flash_detail.h"
+#include "cabm/kernels/attention/tile_mask.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -31,6 +32,20 @@ struct SplitPartials {
 inline int64_t split_sum_floats(int t, int T, int64_t acc_floats) {
   const int R = backward_split_runs(), r0 = t * R / T, r1 = (t + 1) * R / T;
   return r0 < r1 ? (1 + (r0 > 0 ? r1 - r0 : 0)) * acc_floats : 0;
+}
+
+// prefix[n] (size heads · key_tiles + 1) = the estimated cost of items [0, n) over query rows
+// `chunk`: an item costs the chunk's rows that see its key tile (mask.query_range), for each of
+// the `group` query heads of its key/value head, + 1 so that empty items count.
+inline void split_costs(const TileMask& mask, int64_t heads, int64_t Hkv, int64_t group, int64_t M, int64_t block_k,
+                        Range chunk, std::vector<int64_t>& prefix) {
+  const int64_t key_tiles = (M + block_k - 1) / block_k;
+  for (int64_t n = 0; n < heads * key_tiles; ++n) {
+    const int64_t b = n / key_tiles / Hkv, j0 = n % key_tiles * block_k;
+    const Range rows = mask.query_range(b, {j0, std::min(M, j0 + block_k)});
+    const int64_t seen = std::max<int64_t>(0, std::min(rows.end, chunk.end) - std::max(rows.begin, chunk.begin));
+    prefix[static_cast<size_t>(n + 1)] = prefix[static_cast<size_t>(n)] + seen * group + 1;
+  }
 }
 
 // Thread t's share of the items. prefix[n]: the estimated cost of items [0, n) (size items + 1).

@@ -263,22 +263,13 @@ template <typename Elem>
 void backward_split_chunks(const BackwardArgs& args, KeyTileFn key_tile, std::vector<int64_t>& prefix,
                            std::vector<SplitPartials>& shared, int t, int T) {
   const Problem& p = args.p;
-  const int64_t n_kt = ceil_div(p.M, p.block_k), n_items = p.B * p.Hkv * n_kt, dp = round_up(p.d, kWidth);
+  const int64_t n_kt = ceil_div(p.M, p.block_k), dp = round_up(p.d, kWidth);
   BackwardBuffers buf(p, args.chunk_rows);
   for (int64_t i0 = 0; i0 < p.N; i0 += args.chunk_rows) {
     const Range chunk{i0, std::min(p.N, i0 + args.chunk_rows)};
     const int64_t acc_floats = p.group * (chunk.end - chunk.begin) * dp;
 #pragma omp single
-    {
-      // prefix[n] = estimated cost of items [0, n): the chunk's query rows in range (of each query
-      // head of the group), + 1 so that empty items count.
-      for (int64_t n = 0; n < n_items; ++n) {
-        const int64_t b = n / n_kt / p.Hkv, kt = n % n_kt;
-        const Range rows = args.mask.query_range(b, {kt * p.block_k, std::min(p.M, (kt + 1) * p.block_k)});
-        const int64_t seen = std::max<int64_t>(0, std::min(rows.end, chunk.end) - std::max(rows.begin, chunk.begin));
-        prefix[n + 1] = prefix[n] + seen * p.group + 1;
-      }
-    }  // (a barrier)
+    split_costs(args.mask, p.B * p.Hkv, p.Hkv, p.group, p.M, p.block_k, chunk, prefix);  // (then a barrier)
     float* const sum = scratch(kSplitDq, split_sum_floats(t, T, acc_floats));
     split_key_tiles(
         prefix, n_kt, acc_floats, buf.dq, sum, shared, t, T,
@@ -313,8 +304,9 @@ template <typename Elem>
 void backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
               const AttentionGrads& grads, const FlashConfig& config) {
   const Problem p = make_problem(saved.q, saved.k, saved.v, options, config, true);
-  if (p.N == 0) {  // no query reaches K and V (the loops below walk query rows)
-    Tensor(grads.dk).fill(0.0f);  // (a view of the same storage)
+  // No query reaches K and V (the loops below walk query rows). (A Tensor copy is a view of the same storage.)
+  if (p.N == 0) {
+    Tensor(grads.dk).fill(0.0f);
     Tensor(grads.dv).fill(0.0f);
     return;
   }

@@ -409,16 +409,7 @@ void backward_split_chunks(const Args& args, Buffers& buf, std::vector<int64_t>&
   for (int64_t i0 = 0; i0 < p.N; i0 += p.chunk) {
     const Range chunk{i0, std::min(p.N, i0 + p.chunk)};
 #pragma omp single
-    {
-      // prefix[n] = estimated cost of items [0, n): an item (head, key tile) costs the chunk's
-      // query rows in range for each query head of the group, + 1 so that empty items count.
-      for (int64_t n = 0; n < heads * p.key_tiles; ++n) {
-        const int64_t b = n / p.key_tiles / p.Hkv, j0 = n % p.key_tiles * p.block_k;
-        const Range rows = args.mask.query_range(b, {j0, std::min(p.M, j0 + p.block_k)});
-        const int64_t seen = std::max<int64_t>(0, std::min(rows.end, chunk.end) - std::max(rows.begin, chunk.begin));
-        prefix[n + 1] = prefix[n] + seen * p.group + 1;
-      }
-    }  // (a barrier)
+    split_costs(args.mask, heads, p.Hkv, p.group, p.M, p.block_k, chunk, prefix);  // (then a barrier)
     split_key_tiles(
         prefix, p.key_tiles, acc_floats, buf.dq.data(), buf.split.data(), shared, t, T,
         [&](int64_t hd) { begin_chunk<Products>(args, buf, hd / p.Hkv, hd % p.Hkv, chunk); },
@@ -448,8 +439,9 @@ void run(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions
   p.qscale = p.scale * kLog2e;
   p.keep_scale = 1.0f / (1.0f - options.dropout);
   p.dropout = options.dropout > 0.0f;
-  if (p.N == 0) {  // no query reaches K and V (the chunks walk query rows)
-    Tensor(grads.dk).fill(0.0f);  // (a view of the same storage)
+  // No query reaches K and V (the chunks walk query rows). (A Tensor copy is a view of the same storage.)
+  if (p.N == 0) {
+    Tensor(grads.dk).fill(0.0f);
     Tensor(grads.dv).fill(0.0f);
     return;
   }
