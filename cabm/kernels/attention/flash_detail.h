@@ -20,11 +20,12 @@ void attention_flash_bf16_backward_simd(const AttentionSaved& saved, const Tenso
                                         const AttentionOptions& options, const AttentionGrads& grads,
                                         const FlashConfig& config);
 
-// The runs the fp32 backward cuts the key tiles of few heads into (attention/flash_item.h,
-// flash_backward_body.h): the processors this process may use (omp_get_num_procs()), at most
-// kMaxSplitRuns, or the count pinned by set_backward_split_runs (tests: run counts above and below
-// the thread count on any machine; 0 unpins). Never the thread count, so that dq is the same bits
-// for any number of threads. Not meant to be changed while kernels run.
+// The runs the tiled backwards (the fp32 family; bf16 on vdpbf16ps and AMX) cut the key tiles of
+// few heads into (attention/backward_split.h): the processors this process may use
+// (omp_get_num_procs()), at most kMaxSplitRuns, or the count pinned by set_backward_split_runs
+// (tests: run counts above and below the thread count on any machine; 0 unpins). Never the thread
+// count, so that dq is the same bits for any number of threads. Not meant to be changed while
+// kernels run.
 inline constexpr int kMaxSplitRuns = 16;
 int backward_split_runs();
 void set_backward_split_runs(int runs);
