@@ -27,8 +27,17 @@ struct SplitPartials {
   std::vector<float*> continued;
 };
 
-// The floats split_key_tiles asks of `reserve` for thread t of T: the running sum of a head begun
-// in its runs, and the partials of a head begun in an earlier thread's runs (at most one per run).
+// Whether `heads` key/value heads balance over the processors as whole heads (a multiple of R, or
+// at least 4R): then each thread takes whole heads and dQ has one writer per head; else the key
+// tiles are split into runs (split_key_tiles). Depends on the processors, never on the threads.
+inline bool backward_whole_heads(int64_t heads) {
+  const int64_t runs = backward_split_runs();
+  return heads % runs == 0 || heads >= 4 * runs;
+}
+
+// The floats of `sum` that split_key_tiles needs for thread t of T: the running sum of a head
+// begun in its runs, and the partials of a head begun in an earlier thread's runs (at most one
+// per run).
 inline int64_t split_sum_floats(int t, int T, int64_t acc_floats) {
   const int R = backward_split_runs(), r0 = t * R / T, r1 = (t + 1) * R / T;
   return r0 < r1 ? (1 + (r0 > 0 ? r1 - r0 : 0)) * acc_floats : 0;

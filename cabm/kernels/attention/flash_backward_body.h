@@ -304,7 +304,8 @@ template <typename Elem>
 void backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions& options,
               const AttentionGrads& grads, const FlashConfig& config) {
   const Problem p = make_problem(saved.q, saved.k, saved.v, options, config, true);
-  // No query reaches K and V (the loops below walk query rows). (A Tensor copy is a view of the same storage.)
+  // No query reaches K and V (the loops below walk query rows). (A Tensor copy is a view of the
+  // same storage.)
   if (p.N == 0) {
     Tensor(grads.dk).fill(0.0f);
     Tensor(grads.dv).fill(0.0f);
@@ -318,13 +319,13 @@ void backward(const AttentionSaved& saved, const Tensor& dout, const AttentionOp
   const int64_t n_kt = ceil_div(p.M, p.block_k), heads = p.B * p.Hkv;
   std::vector<int64_t> prefix(static_cast<size_t>(heads * n_kt + 1), 0);  // of the split
   std::vector<SplitPartials> partials(static_cast<size_t>(omp_get_max_threads()));
-  const int runs = backward_split_runs();
+  const bool whole_heads = backward_whole_heads(heads);
   std::atomic<int64_t> next_head{0};  // of whole-head mode
 
 #pragma omp parallel
   {
     const int t = omp_get_thread_num(), T = omp_get_num_threads();
-    if (heads % runs == 0 || heads >= 4 * runs) {
+    if (whole_heads) {
       // Enough heads to balance: whole heads, handed out dynamically. Each head has one owner, so
       // dq needs no partial sums and does not depend on the thread count at all.
       // Heads are claimed one ahead (a shared counter, as `omp for schedule(dynamic, 1)` would hand

@@ -447,11 +447,10 @@ void run(const AttentionSaved& saved, const Tensor& dout, const AttentionOptions
   }
   const TileMask mask(options.mask, p.B, p.H, p.N, p.M);
   const Args args{saved, dout, grads, options, mask, p};
-  // Whole heads when they balance over the processors (as the fp32 backward decides,
-  // attention/flash_backward_body.h), else runs of (head, key tile) items. Neither the mode nor
-  // the runs depend on the thread count.
-  const int64_t heads = p.B * p.Hkv, runs = backward_split_runs();
-  const bool whole_heads = heads % runs == 0 || heads >= 4 * runs;
+  // Whole heads when they balance over the processors, else runs of (head, key tile) items
+  // (attention/backward_split.h, as the fp32 backward). Neither depends on the thread count.
+  const int64_t heads = p.B * p.Hkv;
+  const bool whole_heads = backward_whole_heads(heads);
   std::vector<int64_t> prefix(static_cast<size_t>(whole_heads ? 0 : heads * p.key_tiles + 1), 0);  // of the split
   std::vector<SplitPartials> partials(static_cast<size_t>(omp_get_max_threads()));
   // Whole heads are claimed one ahead (a shared counter, as `omp for schedule(dynamic, 1)` would

@@ -176,7 +176,7 @@ inline int64_t backward_chunk_rows(const Problem& p, const FlashConfig& config) 
 // cut into runs of equal estimated cost, as many as the processors this process may use (at most
 // 16), never as many as the threads, so that dq is the same bits for every thread count, as out,
 // lse, dk and dv are. With fewer threads than runs a thread takes several runs.
-using detail::backward_split_runs;
+using detail::backward_whole_heads;
 using detail::split_costs;
 using detail::split_key_tiles;
 using detail::split_sum_floats;
