@@ -184,21 +184,32 @@ void bias_activation_backward(Activation act, const float* pre, const float* dh,
       act, pre, dh, dbias, rows, F, [&](int64_t r) { return dpre + r * F; }, [](int64_t, const float*) {});
 }
 
-void bias_activation_forward_bf16(Activation act, const float* bias, float* pre, bf16* hidden, int64_t rows,
-                                  int64_t F) {
+namespace {
+
+// Row r's fp32 result `row` rounded into out's row r: bf16, or bf16 values in fp32.
+void round_row_into(const float* row, bf16* out, int64_t r, int64_t F) {
+  float_to_bf16(row, out + r * F, F);
+}
+void round_row_into(const float* row, float* out, int64_t r, int64_t F) {
+  round_to_bf16_values(row, out + r * F, F);
+}
+
+template <typename Out>
+void forward_rounded(Activation act, const float* bias, float* pre, Out* hidden, int64_t rows, int64_t F) {
   const GeluSpans gelu = gelu_spans();
   for_row_blocks(rows, F, [&](int64_t r0, int64_t r1) {
     float* row = row_scratch(F);
     for (int64_t r = r0; r < r1; ++r) {
       forward_span(gelu, act, pre + r * F, bias, bias ? pre + r * F : nullptr, row, F);
-      float_to_bf16(row, hidden + r * F, F);
+      round_row_into(row, hidden, r, F);
     }
   });
 }
 
-void bias_activation_backward_bf16(Activation act, const float* pre, const float* dh, bf16* dpre, float* dbias,
-                                   int64_t rows, int64_t F) {
-  const auto round_row = [&](int64_t r, const float* row) { float_to_bf16(row, dpre + r * F, F); };
+template <typename Out>
+void backward_rounded(Activation act, const float* pre, const float* dh, Out* dpre, float* dbias, int64_t rows,
+                      int64_t F) {
+  const auto round_row = [&](int64_t r, const float* row) { round_row_into(row, dpre, r, F); };
   if (dbias)
     return backward_with_bias_sums(
         act, pre, dh, dbias, rows, F, [&](int64_t) { return row_scratch(F); }, round_row);
@@ -210,6 +221,28 @@ void bias_activation_backward_bf16(Activation act, const float* pre, const float
       round_row(r, row);
     }
   });
+}
+
+}  // namespace
+
+void bias_activation_forward_bf16(Activation act, const float* bias, float* pre, bf16* hidden, int64_t rows,
+                                  int64_t F) {
+  forward_rounded(act, bias, pre, hidden, rows, F);
+}
+
+void bias_activation_forward_bf16(Activation act, const float* bias, float* pre, float* hidden, int64_t rows,
+                                  int64_t F) {
+  forward_rounded(act, bias, pre, hidden, rows, F);
+}
+
+void bias_activation_backward_bf16(Activation act, const float* pre, const float* dh, bf16* dpre, float* dbias,
+                                   int64_t rows, int64_t F) {
+  backward_rounded(act, pre, dh, dpre, dbias, rows, F);
+}
+
+void bias_activation_backward_bf16(Activation act, const float* pre, const float* dh, float* dpre, float* dbias,
+                                   int64_t rows, int64_t F) {
+  backward_rounded(act, pre, dh, dpre, dbias, rows, F);
 }
 
 }  // namespace cabm

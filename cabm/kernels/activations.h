@@ -71,5 +71,11 @@ void bias_activation_backward(Activation act, const float* pre, const float* dh,
 void bias_activation_forward_bf16(Activation act, const float* bias, float* pre, bf16* hidden, int64_t rows, int64_t F);
 void bias_activation_backward_bf16(Activation act, const float* pre, const float* dh, bf16* dpre, float* dbias,
                                    int64_t rows, int64_t F);
+// The same with hidden, resp. dpre, F32 [rows, F] holding those bf16 values (round_to_bf16_values,
+// cabm/kernels/bf16.h): the operands' form where gemm_bf16_widens() (cabm/kernels/gemm.h).
+void bias_activation_forward_bf16(Activation act, const float* bias, float* pre, float* hidden, int64_t rows,
+                                  int64_t F);
+void bias_activation_backward_bf16(Activation act, const float* pre, const float* dh, float* dpre, float* dbias,
+                                   int64_t rows, int64_t F);
 
 }  // namespace cabm

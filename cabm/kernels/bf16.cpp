@@ -370,6 +370,17 @@ void float_to_bf16(const float* src, bf16* dst, int64_t n) {
   }
 }
 
+void round_to_bf16_values(const float* src, float* dst, int64_t n) {
+  // Through a block of bf16 on the stack, in L1: the two conversions' own kernels for every ISA.
+  constexpr int64_t kBlock = 512;
+  bf16 block[kBlock];
+  for (int64_t i = 0; i < n; i += kBlock) {
+    const int64_t m = std::min(kBlock, n - i);
+    float_to_bf16(src + i, block, m);
+    bf16_to_float(block, dst + i, m);
+  }
+}
+
 void bf16_to_float(const bf16* src, float* dst, int64_t n) {
   switch (conversion_path()) {
     case ConversionPath::kAvx512Bf16: return detail::bf16_to_float_avx512(src, dst, n);

@@ -88,6 +88,11 @@ void float_to_bf16(const float* src, bf16* dst, int64_t n);
 // dst[i] = bf16_to_float(src[i]): exact.
 void bf16_to_float(const bf16* src, float* dst, int64_t n);
 
+// dst[i] = bf16_to_float(float_to_bf16(src[i])): src rounded to bf16 values kept in fp32, the
+// operands of gemm_bf16_widened (cabm/kernels/gemm.h). Bit for bit the two calls above; src == dst
+// is allowed (in place).
+void round_to_bf16_values(const float* src, float* dst, int64_t n);
+
 // Strided 2-d forms (rows × cols, unit column stride, row strides in elements), for tensor views.
 void float_to_bf16_2d(const float* src, int64_t src_ld, bf16* dst, int64_t dst_ld, int64_t rows, int64_t cols);
 void bf16_to_float_2d(const bf16* src, int64_t src_ld, float* dst, int64_t dst_ld, int64_t rows, int64_t cols);

@@ -180,7 +180,6 @@ class Bf16PlanCache {
     return out;
   }
 
- private:
   static Bf16Plan create(const Bf16Key& k) {
     using dt = dnnl::memory::data_type;
     using dims = dnnl::memory::dims;
@@ -212,6 +211,7 @@ class Bf16PlanCache {
     return {k, pd, dnnl::matmul(pd), false, impl};
   }
 
+ private:
   std::mutex mutex_;
   std::vector<std::shared_ptr<const Bf16Plan>> plans_;
 };
@@ -221,6 +221,10 @@ class Bf16PlanCache {
 std::atomic<int64_t> g_forced_portable_products{0};
 std::atomic<int64_t> g_widened_products{0};
 constexpr const char* kWidenedReason = "no AMX, vdpbf16ps not faster than FMAs";
+// Products handed over already widened (gemm_bf16_widened) where neither applies: oneDNN has no
+// bf16 matmul here at all, or it has one and the caller widened anyway.
+std::atomic<int64_t> g_converted_products{0};
+std::atomic<int64_t> g_given_widened_products{0};
 
 bool portable_forced_here() {
   return bf16_active_isa() == Bf16Isa::kPortable && cpu_has_avx512_bf16();
@@ -237,6 +241,13 @@ bool widen_for_fp32() {
 Bf16PlanCache& plan_cache() {
   static Bf16PlanCache cache;
   return cache;
+}
+
+// Whether oneDNN has a bf16 matmul other than its reference loops on this CPU (not on AVX2-only
+// CPUs: its bf16 kernels need avx512_core), asked once for one plain shape outside the cache.
+bool onednn_has_bf16_matmul() {
+  static const bool has = !Bf16PlanCache::create({64, 64, 64, 64, 64, 64, false, false, 1.0f, 0.0f, false}).reference;
+  return has;
 }
 
 Bf16Key make_key(const MatrixRefBf16& a, const MatrixRefBf16& b, int64_t ldc, float alpha, float beta, bool bias) {
@@ -299,6 +310,27 @@ void gemm_bf16_via_f32(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c,
 
 }  // namespace
 
+bool gemm_bf16_widens() {
+  return portable_forced_here() || widen_for_fp32() || !onednn_has_bf16_matmul();
+}
+
+void gemm_bf16_widened(const MatrixRef& a, const MatrixRef& b, float* c, int64_t ldc, float alpha, float beta,
+                       const float* bias) {
+  CABM_CHECK(!bias || alpha == 1.0f, "gemm_bf16_widened: a bias needs alpha 1, got {}", alpha);
+  if (a.rows == 0 || b.cols == 0) return;
+  auto& counter = portable_forced_here()      ? g_forced_portable_products
+                  : widen_for_fp32()          ? g_widened_products
+                  : !onednn_has_bf16_matmul() ? g_converted_products
+                                              : g_given_widened_products;
+  counter.fetch_add(1, std::memory_order_relaxed);
+  // gemm_bf16_via_f32 after its widening: the same calls, so the same bits.
+  if (bias) {
+    bias_into(c, ldc, a.rows, b.cols, beta, bias);
+    beta = 1.0f;
+  }
+  gemm(a, b, c, ldc, alpha, beta);
+}
+
 void gemm_bf16(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha, float beta,
                const float* bias) {
   check_operands(a, b, ldc);
@@ -356,6 +388,13 @@ std::string gemm_bf16_implementations_used() {
   if (const int64_t widened = g_widened_products.load(std::memory_order_relaxed); widened > 0)
     out += (out.empty() ? "" : ", ") + std::string(kFallbackName) + ", " + kWidenedReason + " (" +
            std::to_string(widened) + (widened == 1 ? " product)" : " products)");
+  const auto count = [&](const std::atomic<int64_t>& counter, const char* why) {
+    if (const int64_t n = counter.load(std::memory_order_relaxed); n > 0)
+      out += (out.empty() ? "" : ", ") + std::string(kFallbackName) + ", " + why + " (" + std::to_string(n) +
+             (n == 1 ? " product)" : " products)");
+  };
+  count(g_converted_products, "no bf16 matmul in oneDNN here");
+  count(g_given_widened_products, "operands given widened");
   return out.empty() ? "none yet" : out;
 }
 

@@ -54,16 +54,35 @@ struct MatrixRefBf16 {
 void gemm_bf16(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha = 1.0f,
                float beta = 0.0f, const float* bias = nullptr);
 
+// Whether gemm_bf16 multiplies in fp32 on operands it first widens (exactly) to fp32: where
+// portable is forced, where oneDNN has no bf16 matmul (CPUs without AVX-512), and on CPUs with
+// AVX512_BF16 but no AMX where vdpbf16ps does not outrun fp32 FMAs. There, callers that keep
+// operands for products (the mixed-precision modules, cabm/nn/bf16_util.h) keep them as fp32
+// holding bf16 values and call gemm_bf16_widened, which saves the rounding to bf16 and the
+// widening back: about 8% of a bf16 training step on such a CPU.
+bool gemm_bf16_widens();
+
+// gemm_bf16 on operands already widened: a and b are fp32 views whose values are bf16 values
+// (rounded, e.g. by round_to_bf16_values in cabm/kernels/bf16.h). Where gemm_bf16_widens(), the
+// same result as gemm_bf16 on the bf16 forms of compact operands (ld = their stored column count),
+// bit for bit: the same fp32 product with the same bias pass. Elsewhere an fp32 product of the
+// same values (a different summation order from oneDNN's bf16 kernels).
+void gemm_bf16_widened(const MatrixRef& a, const MatrixRef& b, float* c, int64_t ldc, float alpha = 1.0f,
+                       float beta = 0.0f, const float* bias = nullptr);
+
 // What gemm_bf16 runs for these operands: oneDNN's implementation name ("brg:avx512_core_bf16",
 // ...), or "fp32 sgemm (converted)" for the fallback. For benchmarks and logs.
 std::string gemm_bf16_implementation(const MatrixRefBf16& a, const MatrixRefBf16& b, int64_t ldc);
 
 // What gemm_bf16 has run in this process (the products it keeps a primitive for, at most the 64
 // most recent shapes): "brg:avx512_core_amx_bf16 (27 shapes)", several implementations most shapes
-// first, then "fp32 sgemm (converted), portable forced (N products)" if products ran while portable
-// was forced and "fp32 sgemm (converted), no AMX, vdpbf16ps not faster than FMAs (N products)"
-// if they were widened for speed; or "none yet". oneDNN picks per shape (on an AMX Xeon a 1 × 1 product takes
-// avx512_core_bf16 and training's products AMX), so benchmarks print this after their runs.
+// first, then "fp32 sgemm (converted), portable forced (N products)" if products ran while
+// portable was forced, "fp32 sgemm (converted), no AMX, vdpbf16ps not faster than FMAs (N
+// products)" if they were widened for speed and "fp32 sgemm (converted), no bf16 matmul in oneDNN
+// here (N products)" for gemm_bf16_widened's products on CPUs without one ("operands given
+// widened" where there is one); or "none yet". oneDNN
+// picks per shape (on an AMX Xeon a 1 × 1 product takes avx512_core_bf16 and training's products
+// AMX), so benchmarks print this after their runs.
 std::string gemm_bf16_implementations_used();
 
 // The oracle: gemm_reference on the operands converted to fp32 (exact), double accumulation, then

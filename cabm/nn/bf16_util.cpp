@@ -1,8 +1,10 @@
 #include "cabm/nn/bf16_util.h"
 
 #include "cabm/kernels/bf16.h"
+#include "cabm/kernels/gemm.h"
 
 #include <algorithm>
+#include <atomic>
 
 namespace cabm {
 
@@ -22,7 +24,34 @@ int64_t rows_per_task(int64_t cols) {
 
 }  // namespace
 
+namespace {
+
+// dst = src rounded to bf16 values in fp32 (round_to_bf16 into an F32 tensor).
+void round_to_values(const Tensor& src, const Tensor& dst) {
+  const int64_t rows = src.size(0), cols = src.size(1), ls = src.stride(0), ld = dst.stride(0);
+  const float* s = src.data<float>();
+  float* d = dst.data<float>();
+  if (ls == cols && ld == cols) {  // one contiguous run: split it evenly
+    const int64_t n = rows * cols, chunk = int64_t{1} << 14, tasks = (n + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static) if (tasks > 1)
+    for (int64_t t = 0; t < tasks; ++t)
+      round_to_bf16_values(s + t * chunk, d + t * chunk, std::min(chunk, n - t * chunk));
+    return;
+  }
+  const int64_t step = rows_per_task(cols), tasks = (rows + step - 1) / step;
+#pragma omp parallel for schedule(static) if (tasks > 1)
+  for (int64_t t = 0; t < tasks; ++t)
+    for (int64_t r = t * step; r < std::min(rows, (t + 1) * step); ++r)
+      round_to_bf16_values(s + r * ls, d + r * ld, cols);
+}
+
+}  // namespace
+
 void round_to_bf16(const Tensor& src, const Tensor& dst) {
+  if (dst.defined() && dst.dtype() == DType::F32) {
+    check_pair(src, dst, DType::F32, DType::F32);
+    return round_to_values(src, dst);
+  }
   check_pair(src, dst, DType::F32, DType::BF16);
   const int64_t rows = src.size(0), cols = src.size(1), ls = src.stride(0), ld = dst.stride(0);
   const float* s = src.data<float>();
@@ -50,6 +79,24 @@ void widen_from_bf16(const Tensor& src, const Tensor& dst) {
     for (int64_t r = t * step; r < std::min(rows, (t + 1) * step); ++r) bf16_to_float(s + r * ls, d + r * ld, cols);
 }
 
+namespace {
+std::atomic<int> g_rounded_override{-1};  // a DType, or −1: none
+}  // namespace
+
+DType rounded_dtype() {
+  const int pinned = g_rounded_override.load(std::memory_order_relaxed);
+  if (pinned >= 0) return static_cast<DType>(pinned);
+  return gemm_bf16_widens() ? DType::F32 : DType::BF16;
+}
+
+namespace detail {
+void set_rounded_dtype_override(std::optional<DType> dtype) {
+  CABM_CHECK(!dtype || *dtype == DType::BF16 || *dtype == DType::F32, "rounded operands are BF16 or F32, not {}",
+             dtype_name(*dtype));
+  g_rounded_override.store(dtype ? static_cast<int>(*dtype) : -1, std::memory_order_relaxed);
+}
+}  // namespace detail
+
 Tensor bf16_scratch(int slot, int64_t rows, int64_t cols) {
   CABM_CHECK(slot >= 0 && slot < kBf16ScratchSlots && rows >= 0 && cols >= 0, "bf16_scratch({}, {}, {})", slot, rows,
              cols);
@@ -57,6 +104,18 @@ Tensor bf16_scratch(int slot, int64_t rows, int64_t cols) {
   Tensor& buffer = buffers[slot];
   const int64_t n = std::max<int64_t>(rows * cols, 1);
   if (!buffer.defined() || buffer.numel() < n) buffer = Tensor::empty({n}, DType::BF16);
+  return buffer.narrow(0, 0, rows * cols).view({rows, cols});
+}
+
+Tensor rounded_scratch(int slot, int64_t rows, int64_t cols) {
+  const DType dtype = rounded_dtype();
+  if (dtype == DType::BF16) return bf16_scratch(slot, rows, cols);
+  CABM_CHECK(slot >= 0 && slot < kBf16ScratchSlots && rows >= 0 && cols >= 0, "rounded_scratch({}, {}, {})", slot, rows,
+             cols);
+  thread_local Tensor buffers[kBf16ScratchSlots];
+  Tensor& buffer = buffers[slot];
+  const int64_t n = std::max<int64_t>(rows * cols, 1);
+  if (!buffer.defined() || buffer.numel() < n) buffer = Tensor::empty({n});
   return buffer.narrow(0, 0, rows * cols).view({rows, cols});
 }
 

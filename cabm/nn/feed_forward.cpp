@@ -40,9 +40,13 @@ void feed_forward_forward(const FeedForward& ffn, const Tensor& x, const Tensor&
     // buffer for the dropout pass and linear2 rounds it.
     cache.hidden = Tensor();
     if (!dropout.active()) {
-      ensure_shape(cache.hidden_bf16, {rows, F}, DType::BF16);
-      bias_activation_forward_bf16(ffn.activation, b1, cache.pre_activation.data<float>(),
-                                   cache.hidden_bf16.data<bf16>(), rows, F);
+      // BF16, or F32 holding the bf16 values where the products widen their operands anyway.
+      ensure_shape(cache.hidden_bf16, {rows, F}, rounded_dtype());
+      float* pre = cache.pre_activation.data<float>();
+      if (cache.hidden_bf16.dtype() == DType::F32)
+        bias_activation_forward_bf16(ffn.activation, b1, pre, cache.hidden_bf16.data<float>(), rows, F);
+      else
+        bias_activation_forward_bf16(ffn.activation, b1, pre, cache.hidden_bf16.data<bf16>(), rows, F);
       linear_forward_rounded(ffn.linear2, cache.hidden_bf16, y);
       return;
     }
@@ -76,9 +80,12 @@ void feed_forward_backward(const FeedForward& ffn, const Tensor& x, const Tensor
   // activation pass writes directly (its bias gradient still sums the fp32 dpre).
   Linear grads1 = without_bias(grads.linear1);
   if (ffn.linear1.weight_bf16.defined() && cache.x_bf16.defined()) {
-    const Tensor dpre = bf16_scratch(0, rows, F);
-    bias_activation_backward_bf16(ffn.activation, cache.pre_activation.data<float>(), dh, dpre.data<bf16>(), db1, rows,
-                                  F);
+    const Tensor dpre = rounded_scratch(0, rows, F);
+    const float* pre = cache.pre_activation.data<float>();
+    if (dpre.dtype() == DType::F32)
+      bias_activation_backward_bf16(ffn.activation, pre, dh, dpre.data<float>(), db1, rows, F);
+    else
+      bias_activation_backward_bf16(ffn.activation, pre, dh, dpre.data<bf16>(), db1, rows, F);
     linear_backward_rounded(without_bias(ffn.linear1), cache.x_bf16, dpre, dx, grads1);
     return;
   }

@@ -23,7 +23,8 @@ struct FeedForwardCache {
   // backward (linear_forward's x_bf16); undefined with fp32 layers. With a bf16 linear2 the fp32
   // hidden is dead once rounded and `hidden` is undefined: without dropout the activation pass
   // writes hidden_bf16 directly, with dropout the fp32 hidden goes through a per-thread buffer.
-  Tensor x_bf16, hidden_bf16;  // BF16 [rows, E], [rows, F]
+  // BF16, or F32 holding bf16 values where the products widen their operands (rounded_dtype()).
+  Tensor x_bf16, hidden_bf16;  // [rows, E], [rows, F]
   Tensor d_hidden;             // [rows, F]: backward scratch
 };
 

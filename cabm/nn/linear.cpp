@@ -42,17 +42,43 @@ void check_bf16_copy(const Linear& layer) {
              shape_str(layer.weight.shape()));
 }
 
-// x rounded to bf16 in scratch slot `slot`: [rows, cols] contiguous.
+// x rounded to bf16 in scratch slot `slot`: [rows, cols] contiguous, of rounded_dtype().
 Tensor rounded(const Tensor& x, int slot) {
-  Tensor out = bf16_scratch(slot, x.size(0), x.size(1));
+  Tensor out = rounded_scratch(slot, x.size(0), x.size(1));
   round_to_bf16(x, out);
   return out;
 }
 
-MatrixRefBf16 bf16_ref(const Tensor& t, bool transposed = false) {
+MatrixRefBf16 bf16_ref(const Tensor& t, bool transposed) {
   // t: BF16 [rows, cols] (unit column stride); the operand is t or tᵀ.
   return transposed ? MatrixRefBf16{t.data<bf16>(), t.size(1), t.size(0), t.stride(0), true}
                     : MatrixRefBf16{t.data<bf16>(), t.size(0), t.size(1), t.stride(0), false};
+}
+
+MatrixRef f32_ref(const Tensor& t, bool transposed) {
+  return transposed ? MatrixRef{t.data<float>(), t.size(1), t.size(0), t.stride(0), true}
+                    : MatrixRef{t.data<float>(), t.size(0), t.size(1), t.stride(0), false};
+}
+
+// t as F32: itself, or a BF16 t widened into `buffer` (grown to the largest need, kept).
+Tensor as_f32(const Tensor& t, Tensor& buffer) {
+  if (t.dtype() == DType::F32) return t;
+  const int64_t rows = t.size(0), cols = t.size(1), n = std::max<int64_t>(rows * cols, 1);
+  if (!buffer.defined() || buffer.numel() < n) buffer = Tensor::empty({n});
+  Tensor out = buffer.narrow(0, 0, rows * cols).view({rows, cols});
+  widen_from_bf16(t, out);
+  return out;
+}
+
+// c = op(a)·op(b) (+ bias in every row), a and b rounded operands (BF16, or F32 holding bf16
+// values): gemm_bf16 on two BF16 ones, else gemm_bf16_widened with a BF16 one widened first, as
+// gemm_bf16 itself does where it widens (the weights' bf16 copies stay BF16 on every CPU).
+void rounded_product(const Tensor& a, bool ta, const Tensor& b, bool tb, float* c, int64_t ldc, float beta,
+                     const float* bias = nullptr) {
+  if (a.dtype() == DType::BF16 && b.dtype() == DType::BF16)
+    return gemm_bf16(bf16_ref(a, ta), bf16_ref(b, tb), c, ldc, 1.0f, beta, bias);
+  thread_local Tensor a_buffer, b_buffer;
+  gemm_bf16_widened(f32_ref(as_f32(a, a_buffer), ta), f32_ref(as_f32(b, b_buffer), tb), c, ldc, 1.0f, beta, bias);
 }
 
 // The bias in every row of y, for the product to add onto: returns the product's beta (1 with a
@@ -71,8 +97,8 @@ float broadcast_bias(const Linear& layer, const Tensor& y) {
 // y = x_b·W_bf16ᵀ + bias: the forward product of a bf16 layer on its rounded input, the bias added
 // by the product (gemm_bf16) rather than broadcast into y first.
 void bf16_product_forward(const Linear& layer, const Tensor& x_b, const Tensor& y) {
-  gemm_bf16(bf16_ref(x_b), bf16_ref(layer.weight_bf16, /*transposed=*/true), y.data<float>(), y.stride(0), 1.0f, 0.0f,
-            layer.bias.defined() ? layer.bias.data<float>() : nullptr);
+  rounded_product(x_b, false, layer.weight_bf16, /*tb=*/true, y.data<float>(), y.stride(0), 0.0f,
+                  layer.bias.defined() ? layer.bias.data<float>() : nullptr);
 }
 
 // The weight and input gradients of a backward over `rows` rows have the layer's shapes.
@@ -85,9 +111,9 @@ void check_gradient_shapes(const Linear& layer, int64_t rows, const Tensor& dx, 
 }
 
 void check_rounded(const Tensor& t, int64_t rows, int64_t cols, const char* what) {
-  CABM_CHECK(t.defined() && t.dtype() == DType::BF16 && t.dim() == 2 && (rows < 0 || t.size(0) == rows) &&
-                 t.size(1) == cols && t.stride(1) == 1,
-             "Linear: the rounded {} {} {} must be BF16 [{}, {}]", what,
+  CABM_CHECK(t.defined() && (t.dtype() == DType::BF16 || t.dtype() == DType::F32) && t.dim() == 2 &&
+                 (rows < 0 || t.size(0) == rows) && t.size(1) == cols && t.stride(1) == 1,
+             "Linear: the rounded {} {} {} must be BF16 (or F32 holding bf16 values) [{}, {}]", what,
              t.defined() ? dtype_name(t.dtype()) : "undefined", t.defined() ? shape_str(t.shape()) : "",
              rows < 0 ? std::string("rows") : std::to_string(rows), cols);
 }
@@ -105,7 +131,7 @@ void linear_forward(const Linear& layer, const Tensor& x, const Tensor& y, Tenso
     check_bf16_copy(layer);
     Tensor x_b;
     if (x_bf16) {
-      ensure_shape(*x_bf16, {rows, in}, DType::BF16);
+      ensure_shape(*x_bf16, {rows, in}, rounded_dtype());
       round_to_bf16(x, *x_bf16);
       x_b = *x_bf16;
     } else {
@@ -149,11 +175,9 @@ void add_column_sums_and(const Tensor& x, float* out, RowFn&& also) {
 // dW += dyᵀ·x and dx = dy·W (or +=) on bf16 operands, fp32 accumulation.
 void bf16_products_backward(const Linear& layer, const Tensor& x_b, const Tensor& dy_b, const Tensor& dx, Linear& grad,
                             bool accumulate_dx) {
-  gemm_bf16(bf16_ref(dy_b, /*transposed=*/true), bf16_ref(x_b), grad.weight.data<float>(), grad.weight.stride(0), 1.0f,
-            1.0f);
+  rounded_product(dy_b, /*ta=*/true, x_b, false, grad.weight.data<float>(), grad.weight.stride(0), 1.0f);
   if (dx.defined())
-    gemm_bf16(bf16_ref(dy_b), bf16_ref(layer.weight_bf16), dx.data<float>(), dx.stride(0), 1.0f,
-              accumulate_dx ? 1.0f : 0.0f);
+    rounded_product(dy_b, false, layer.weight_bf16, false, dx.data<float>(), dx.stride(0), accumulate_dx ? 1.0f : 0.0f);
 }
 
 }  // namespace
@@ -169,10 +193,11 @@ void linear_backward(const Linear& layer, const Tensor& x, const Tensor& dy, con
   const bool kept = x_bf16 && x_bf16->defined();
   if (kept) {
     CABM_CHECK(layer.weight_bf16.defined(), "Linear: a kept bf16 input, but the layer has no bf16 weight");
-    CABM_CHECK(x_bf16->dtype() == DType::BF16 && x_bf16->dim() == 2 && x_bf16->size(1) == in &&
-                   x_bf16->stride(1) == 1 && (!x.defined() || x.shape() == x_bf16->shape()),
-               "Linear: the kept bf16 input {} {} must be BF16 [rows, {}] (input {})", dtype_name(x_bf16->dtype()),
-               shape_str(x_bf16->shape()), in, x.defined() ? shape_str(x.shape()) : "undefined");
+    CABM_CHECK((x_bf16->dtype() == DType::BF16 || x_bf16->dtype() == DType::F32) && x_bf16->dim() == 2 &&
+                   x_bf16->size(1) == in && x_bf16->stride(1) == 1 && (!x.defined() || x.shape() == x_bf16->shape()),
+               "Linear: the kept bf16 input {} {} must be BF16 (or F32 holding bf16 values) [rows, {}] (input {})",
+               dtype_name(x_bf16->dtype()), shape_str(x_bf16->shape()), in,
+               x.defined() ? shape_str(x.shape()) : "undefined");
   } else {
     CABM_CHECK(x.defined() && x.dim() == 2 && x.size(1) == in && x.stride(1) == 1, "Linear input {} must be [rows, {}]",
                x.defined() ? shape_str(x.shape()) : "undefined", in);
@@ -190,10 +215,16 @@ void linear_backward(const Linear& layer, const Tensor& x, const Tensor& dy, con
     Tensor dy_b;
     if (grad.bias.defined()) {
       CABM_CHECK(grad.bias.is_contiguous(), "Linear bias gradient must be contiguous");
-      dy_b = bf16_scratch(0, rows, out);
-      bf16* dy_rounded = dy_b.data<bf16>();
-      add_column_sums_and(dy, grad.bias.data<float>(),
-                          [&](int64_t r, const float* row) { float_to_bf16(row, dy_rounded + r * out, out); });
+      dy_b = rounded_scratch(0, rows, out);
+      if (dy_b.dtype() == DType::F32) {
+        float* dy_rounded = dy_b.data<float>();
+        add_column_sums_and(dy, grad.bias.data<float>(),
+                            [&](int64_t r, const float* row) { round_to_bf16_values(row, dy_rounded + r * out, out); });
+      } else {
+        bf16* dy_rounded = dy_b.data<bf16>();
+        add_column_sums_and(dy, grad.bias.data<float>(),
+                            [&](int64_t r, const float* row) { float_to_bf16(row, dy_rounded + r * out, out); });
+      }
     } else {
       dy_b = rounded(dy, 0);
     }

@@ -31,7 +31,9 @@ Linear make_linear(int64_t in_features, int64_t out_features, bool bias);  // ze
 
 // x: [rows, in], y: [rows, out] — 2-d views with unit column stride (row strides free).
 // x_bf16 (optional, kept by the caller between forward and backward): a bf16 layer rounds x into
-// it (BF16 [rows, in], reallocated only when it does not fit) and linear_backward, handed it,
+// it ([rows, in] of rounded_dtype(), cabm/nn/bf16_util.h: BF16, or F32 holding the bf16 values on
+// CPUs where gemm_bf16 widens its operands anyway; reallocated only when it does not fit) and
+// linear_backward, handed it,
 // uses it instead of rounding x again, as PyTorch's autocast saves the bf16 cast of a matmul's
 // input for the backward; an fp32 layer releases it, so a stale copy is never used.
 void linear_forward(const Linear& layer, const Tensor& x, const Tensor& y, Tensor* x_bf16 = nullptr);
@@ -47,8 +49,9 @@ void linear_forward(const Linear& layer, const Tensor& x, const Tensor& y, Tenso
 void linear_backward(const Linear& layer, const Tensor& x, const Tensor& dy, const Tensor& dx, Linear& grad,
                      bool accumulate_dx = false, const Tensor* x_bf16 = nullptr);
 
-// The products of a bf16 layer on operands its caller has already rounded to bf16 (BF16 [rows, in]
-// and [rows, out], unit column stride), for passes that write bf16 directly (the feed-forward
+// The products of a bf16 layer on operands its caller has already rounded to bf16 ([rows, in] and
+// [rows, out], unit column stride; BF16, or F32 holding bf16 values, which are taken as they are:
+// gemm_bf16_widened), for passes that write bf16 directly (the feed-forward
 // hidden layer: bias_activation_forward_bf16 and _backward_bf16). The same bits as linear_forward
 // and linear_backward on the fp32 values those roundings came from. linear_backward_rounded has
 // no bias gradient to take (a bias gradient sums the fp32 dy): layer and grad must have no bias.

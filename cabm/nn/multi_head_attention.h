@@ -98,8 +98,9 @@ struct MultiHeadAttentionCache {
   Tensor qkv_bf16;                // BF16 [B, N, E + 2Ekv] (self-attention)
   Tensor q_bf16, k_bf16, v_bf16;  // BF16 [B, N, H, d], [B, M, Hkv, d], [B, M, Hkv, d]
   // The packed projection's and out_proj's inputs rounded to bf16 by the forward, for the
-  // backward (linear_forward's x_bf16); undefined with fp32 layers.
-  Tensor query_bf16, attn_bf16;  // BF16 [B·N, E] (query_bf16: self-attention)
+  // backward (linear_forward's x_bf16: BF16, or F32 holding bf16 values where the products widen
+  // their operands); undefined with fp32 layers.
+  Tensor query_bf16, attn_bf16;  // [B·N, E] (query_bf16: self-attention)
   bool bf16_kernel = false;
   // Backward scratch.
   Tensor d_attn;              // [B, N, E]

@@ -32,6 +32,15 @@
 namespace cabm {
 namespace {
 
+// rounded_dtype() pinned for a scope (the tests' hook, cabm/nn/bf16_util.h).
+class PinnedRoundedForm {
+ public:
+  explicit PinnedRoundedForm(DType form) { detail::set_rounded_dtype_override(form); }
+  ~PinnedRoundedForm() { detail::set_rounded_dtype_override(std::nullopt); }
+  PinnedRoundedForm(const PinnedRoundedForm&) = delete;
+  PinnedRoundedForm& operator=(const PinnedRoundedForm&) = delete;
+};
+
 constexpr double kU = 1.0 / 256;         // bf16 unit roundoff 2^-8
 constexpr double kU32 = 1.0 / 16777216;  // fp32 unit roundoff 2^-24
 
@@ -149,45 +158,51 @@ TEST(MixedPrecision, LinearForwardBackwardBounds) {
 // rounds x itself, bit for bit; an fp32 layer releases it; a kept copy that does not fit the
 // layer is an error naming it. Odd sizes, with and without bias.
 TEST(MixedPrecision, LinearKeptBf16Input) {
-  for (const bool bias : {true, false}) {
-    const int64_t rows = 23 + bias, in = 17, out = 9 + 2 * bias;
-    Linear fp32 = make_linear(in, out, bias);
-    fp32.weight.copy_from(test::random_tensor({out, in}, 5, -0.3f, 0.3f));
-    Linear bf16 = fp32;
-    set_precision(bf16, Precision::kBf16);
-    const Tensor x = test::random_tensor({rows, in}, 6), dy = test::random_tensor({rows, out}, 7);
-    Tensor y_plain = Tensor::empty({rows, out}), y_kept = Tensor::empty({rows, out}), kept;
-    linear_forward(bf16, x, y_plain);
-    linear_forward(bf16, x, y_kept, &kept);
-    EXPECT_EQ(y_kept.to_vector(), y_plain.to_vector());
-    ASSERT_EQ(kept.dtype(), DType::BF16);
-    ASSERT_EQ(kept.shape(), (Shape{rows, in}));
-    Tensor widened = Tensor::empty({rows, in});
-    widen_from_bf16(kept, widened);
-    EXPECT_EQ(widened.to_vector(), rounded_f32(x).to_vector());
+  for (const DType form : {DType::BF16, DType::F32})
+    for (const bool bias : {true, false}) {
+      SCOPED_TRACE(testing::Message() << dtype_name(form) << " bias " << bias);
+      const PinnedRoundedForm pinned(form);
+      const int64_t rows = 23 + bias, in = 17, out = 9 + 2 * bias;
+      Linear fp32 = make_linear(in, out, bias);
+      fp32.weight.copy_from(test::random_tensor({out, in}, 5, -0.3f, 0.3f));
+      Linear bf16 = fp32;
+      set_precision(bf16, Precision::kBf16);
+      const Tensor x = test::random_tensor({rows, in}, 6), dy = test::random_tensor({rows, out}, 7);
+      Tensor y_plain = Tensor::empty({rows, out}), y_kept = Tensor::empty({rows, out}), kept;
+      linear_forward(bf16, x, y_plain);
+      linear_forward(bf16, x, y_kept, &kept);
+      EXPECT_EQ(y_kept.to_vector(), y_plain.to_vector());
+      ASSERT_EQ(kept.dtype(), form);
+      ASSERT_EQ(kept.shape(), (Shape{rows, in}));
+      Tensor widened = kept;
+      if (form == DType::BF16) {
+        widened = Tensor::empty({rows, in});
+        widen_from_bf16(kept, widened);
+      }
+      EXPECT_EQ(widened.to_vector(), rounded_f32(x).to_vector());
 
-    Linear g_plain = make_linear(in, out, bias), g_kept = make_linear(in, out, bias);
-    Tensor dx_plain = Tensor::empty({rows, in}), dx_kept = Tensor::empty({rows, in});
-    linear_backward(bf16, x, dy, dx_plain, g_plain);
-    linear_backward(bf16, Tensor(), dy, dx_kept, g_kept, false, &kept);
-    EXPECT_EQ(dx_kept.to_vector(), dx_plain.to_vector());
-    EXPECT_EQ(g_kept.weight.to_vector(), g_plain.weight.to_vector());
-    if (bias) {
-      EXPECT_EQ(g_kept.bias.to_vector(), g_plain.bias.to_vector());
+      Linear g_plain = make_linear(in, out, bias), g_kept = make_linear(in, out, bias);
+      Tensor dx_plain = Tensor::empty({rows, in}), dx_kept = Tensor::empty({rows, in});
+      linear_backward(bf16, x, dy, dx_plain, g_plain);
+      linear_backward(bf16, Tensor(), dy, dx_kept, g_kept, false, &kept);
+      EXPECT_EQ(dx_kept.to_vector(), dx_plain.to_vector());
+      EXPECT_EQ(g_kept.weight.to_vector(), g_plain.weight.to_vector());
+      if (bias) {
+        EXPECT_EQ(g_kept.bias.to_vector(), g_plain.bias.to_vector());
+      }
+
+      Tensor wrong = Tensor::zeros({rows, in + 1}, DType::BF16);
+      EXPECT_NE(test::error_of([&] {
+                  linear_backward(bf16, Tensor(), dy, dx_kept, g_kept, false, &wrong);
+                }).find("kept bf16 input"),
+                std::string::npos);
+      EXPECT_NE(test::error_of([&] {
+                  linear_backward(fp32, Tensor(), dy, dx_kept, g_kept, false, &kept);
+                }).find("no bf16 weight"),
+                std::string::npos);
+      linear_forward(fp32, x, y_plain, &kept);
+      EXPECT_FALSE(kept.defined());
     }
-
-    Tensor wrong = Tensor::zeros({rows, in + 1}, DType::BF16);
-    EXPECT_NE(test::error_of([&] {
-                linear_backward(bf16, Tensor(), dy, dx_kept, g_kept, false, &wrong);
-              }).find("kept bf16 input"),
-              std::string::npos);
-    EXPECT_NE(test::error_of([&] {
-                linear_backward(fp32, Tensor(), dy, dx_kept, g_kept, false, &kept);
-              }).find("no bf16 weight"),
-              std::string::npos);
-    linear_forward(fp32, x, y_plain, &kept);
-    EXPECT_FALSE(kept.defined());
-  }
 }
 
 // The bf16 feed-forward layer writes its hidden layer and dpre as bf16 straight from the
@@ -270,7 +285,24 @@ TEST(MixedPrecision, LinearRoundedOperands) {
   EXPECT_EQ(g.weight.to_vector(), g_want.weight.to_vector());
 
   EXPECT_NE(test::error_of([&] { linear_forward_rounded(fp32, x_b, y); }).find("no bf16 weight"), std::string::npos);
-  EXPECT_NE(test::error_of([&] { linear_forward_rounded(bf16, x, y); }).find("rounded input"), std::string::npos);
+  // The same operands as F32 holding their bf16 values: where gemm_bf16 widens anyway, the same
+  // bits; elsewhere an fp32 product of the same values (oneDNN's bf16 kernels sum in another order).
+  Tensor y_f = Tensor::empty({rows, out}), dx_f = Tensor::full({rows, in}, 1.0f);
+  Linear g_f = make_linear(in, out, false);
+  linear_forward_rounded(bf16, rounded_f32(x), y_f);
+  linear_backward_rounded(bf16, rounded_f32(x), rounded_f32(dy), dx_f, g_f, /*accumulate_dx=*/true);
+  if (gemm_bf16_widens()) {
+    EXPECT_EQ(y_f.to_vector(), y.to_vector());
+    EXPECT_EQ(dx_f.to_vector(), dx.to_vector());
+    EXPECT_EQ(g_f.weight.to_vector(), g.weight.to_vector());
+  } else {
+    EXPECT_LE(rel_diff(y_f, y), 1e-5);
+    EXPECT_LE(rel_diff(dx_f, dx), 1e-5);
+    EXPECT_LE(rel_diff(g_f.weight, g.weight), 1e-5);
+  }
+
+  const Tensor flags = Tensor::zeros({rows, in}, DType::BOOL);
+  EXPECT_NE(test::error_of([&] { linear_forward_rounded(bf16, flags, y); }).find("rounded input"), std::string::npos);
   EXPECT_NE(test::error_of([&] { linear_backward_rounded(bf16, x_b, x_b, dx, g); }).find("rounded output gradient"),
             std::string::npos);
   Linear with_bias = make_linear(in, out, true);
@@ -395,6 +427,52 @@ TEST(MixedPrecision, EncoderLayerAndForcedPortable) {
       for (size_t i = 0; i < g16.size(); ++i) EXPECT_LE(rel_diff(g16p[i], g16[i]), 12 * 3 * kU * kappa) << i;
     }
   }
+}
+
+// The modules keep the operands of their bf16 products as BF16, or as F32 holding the bf16 values
+// where gemm_bf16 widens its operands anyway (rounded_dtype()). Both forms hold the same values:
+// on such a CPU the same bits, forward and backward (the feed-forward layer with and without
+// dropout, attention, the residual sublayers); elsewhere an fp32 product of the same values
+// against oneDNN's bf16 kernels, within the bf16 bound.
+TEST(MixedPrecision, RoundedFormsAgree) {
+  for (const bool norm_first : {true, false})
+    for (const float dropout : {0.0f, 0.2f}) {
+      SCOPED_TRACE(testing::Message() << "norm_first " << norm_first << " dropout " << dropout);
+      EncoderLayerConfig config{32, 4, 48, dropout, Activation::kGelu, 1e-5f, norm_first};
+      EncoderLayer fp32 = make_encoder_layer(config);
+      Rng rng(19);
+      init_parameters(fp32, rng);
+      EncoderLayer bf16 = copy_layer(fp32);
+      set_precision(bf16, Precision::kBf16);
+      const Tensor x = test::random_tensor({2, 21, 32}, 20), dy = test::random_tensor({2, 21, 32}, 21);
+      const double kappa = cancellation(as_rows(x), fp32.self_attn.in_proj_weight);
+      auto run = [&](DType form, std::vector<Tensor>& grads) {
+        const PinnedRoundedForm pinned(form);
+        EncoderLayerCache cache;
+        const Tensor y = encoder_layer_forward(bf16, x, Mask::causal(), cache, ForwardMode{true, 5, 1, 0}).clone();
+        EXPECT_EQ(cache.ffn.x_bf16.dtype(), form);
+        EXPECT_EQ(cache.attn.query_bf16.dtype(), form);
+        EXPECT_EQ(cache.attn.attn_bf16.dtype(), form);
+        EXPECT_EQ(cache.ffn.hidden_bf16.dtype(), form);
+        EncoderLayer g = make_encoder_layer(config);
+        zero_parameters(named_parameters(g));
+        Tensor dx = Tensor::empty(x.shape());
+        encoder_layer_backward(bf16, x, dy, dx, cache, g);
+        grads = {dx};
+        for (const NamedTensor& p : named_parameters(g)) grads.push_back(p.tensor.clone());
+        return y;
+      };
+      std::vector<Tensor> gb, gf;
+      const Tensor yb = run(DType::BF16, gb), yf = run(DType::F32, gf);
+      ASSERT_EQ(gb.size(), gf.size());
+      if (gemm_bf16_widens()) {
+        EXPECT_EQ(yf.to_vector(), yb.to_vector());
+        for (size_t i = 0; i < gb.size(); ++i) EXPECT_EQ(gf[i].to_vector(), gb[i].to_vector()) << i;
+      } else {
+        EXPECT_LE(rel_diff(yf, yb), 6 * 3 * kU * kappa);
+        for (size_t i = 0; i < gb.size(); ++i) EXPECT_LE(rel_diff(gf[i], gb[i]), 12 * 3 * kU * kappa) << i;
+      }
+    }
 }
 
 TEST(MixedPrecision, Bf16KvCacheDecodingMatchesFullForward) {
