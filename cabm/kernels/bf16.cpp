@@ -228,6 +228,10 @@ void bf16_to_float_portable(const bf16* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = cabm::bf16_to_float(src[i]);
 }
 
+void round_to_bf16_values_portable(const float* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = cabm::bf16_to_float(cabm::float_to_bf16(src[i]));
+}
+
 #if defined(CABM_X86)
 
 #define CABM_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
@@ -287,6 +291,30 @@ CABM_AVX512_BF16 void bf16_to_float_avx512(const bf16* src, float* dst, int64_t 
   }
 }
 
+// One pass, in registers: the integer rules of cabm/core/dtype.h kept in the high half of each lane
+// (u + 0x7fff + lsb, NaN quieted), the low half cleared. Subnormals round by the same rule, so
+// there is no lane to redo.
+namespace {
+
+CABM_AVX512_BF16 inline __m512 round16_values(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x), high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), high);
+  const __m512i quiet = _mm512_and_si512(_mm512_or_si512(u, _mm512_set1_epi32(0x00400000)), high);
+  return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), rounded, quiet));
+}
+
+}  // namespace
+
+CABM_AVX512_BF16 void round_to_bf16_values_avx512(const float* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, round16_values(_mm512_loadu_ps(src + i)));
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    _mm512_mask_storeu_ps(dst + i, m, round16_values(_mm512_maskz_loadu_ps(m, src + i)));
+  }
+}
+
 #pragma GCC diagnostic pop
 
 // The same integer rules as the scalar conversion, 8 lanes at a time: round to nearest even by
@@ -319,6 +347,13 @@ CABM_AVX2 void float_to_bf16_avx2(const float* src, bf16* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = cabm::float_to_bf16(src[i]);
 }
 
+CABM_AVX2 void round_to_bf16_values_avx2(const float* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_slli_epi32(round8(_mm256_loadu_ps(src + i)), 16));
+  for (; i < n; ++i) dst[i] = cabm::bf16_to_float(cabm::float_to_bf16(src[i]));
+}
+
 CABM_AVX2 void bf16_to_float_avx2(const bf16* src, float* dst, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -334,6 +369,12 @@ void float_to_bf16_avx512(const float* src, bf16* dst, int64_t n) { float_to_bf1
 void bf16_to_float_avx512(const bf16* src, float* dst, int64_t n) { bf16_to_float_portable(src, dst, n); }
 void float_to_bf16_avx2(const float* src, bf16* dst, int64_t n) { float_to_bf16_portable(src, dst, n); }
 void bf16_to_float_avx2(const bf16* src, float* dst, int64_t n) { bf16_to_float_portable(src, dst, n); }
+void round_to_bf16_values_avx512(const float* src, float* dst, int64_t n) {
+  round_to_bf16_values_portable(src, dst, n);
+}
+void round_to_bf16_values_avx2(const float* src, float* dst, int64_t n) {
+  round_to_bf16_values_portable(src, dst, n);
+}
 
 #endif
 
@@ -371,13 +412,13 @@ void float_to_bf16(const float* src, bf16* dst, int64_t n) {
 }
 
 void round_to_bf16_values(const float* src, float* dst, int64_t n) {
-  // Through a block of bf16 on the stack, in L1: the two conversions' own kernels for every ISA.
-  constexpr int64_t kBlock = 512;
-  bf16 block[kBlock];
-  for (int64_t i = 0; i < n; i += kBlock) {
-    const int64_t m = std::min(kBlock, n - i);
-    float_to_bf16(src + i, block, m);
-    bf16_to_float(block, dst + i, m);
+  switch (conversion_path()) {
+    case ConversionPath::kAvx512Bf16:
+      return detail::round_to_bf16_values_avx512(src, dst, n);
+    case ConversionPath::kAvx2:
+      return detail::round_to_bf16_values_avx2(src, dst, n);
+    case ConversionPath::kPortable:
+      return detail::round_to_bf16_values_portable(src, dst, n);
   }
 }
 

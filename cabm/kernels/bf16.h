@@ -107,11 +107,14 @@ namespace detail {
 // cpu_has_avx512_bf16().
 void float_to_bf16_portable(const float* src, bf16* dst, int64_t n);
 void bf16_to_float_portable(const bf16* src, float* dst, int64_t n);
+void round_to_bf16_values_portable(const float* src, float* dst, int64_t n);
 void float_to_bf16_avx512(const float* src, bf16* dst, int64_t n);
 void bf16_to_float_avx512(const bf16* src, float* dst, int64_t n);
+void round_to_bf16_values_avx512(const float* src, float* dst, int64_t n);
 // May only be called when cpu_supports(SimdIsa::kAvx2).
 void float_to_bf16_avx2(const float* src, bf16* dst, int64_t n);
 void bf16_to_float_avx2(const bf16* src, float* dst, int64_t n);
+void round_to_bf16_values_avx2(const float* src, float* dst, int64_t n);
 }  // namespace detail
 
 }  // namespace cabm

@@ -172,29 +172,35 @@ TEST(Bf16Convert, DispatchedMatchesScalarOnEveryPath) {
 }
 
 // round_to_bf16_values is float_to_bf16 then bf16_to_float, bit for bit (NaN payloads, ±inf,
-// subnormals, ties), over lengths around its 512-element blocks, out of place and in place, on
-// every conversion path the CPU has.
+// subnormals, ties), over lengths around the vector widths, out of place and in place: each
+// path's kernel the CPU can run, and the dispatched function.
 TEST(Bf16Convert, RoundedValuesAreTheTwoConversions) {
   std::vector<uint32_t> patterns = special_patterns();
   const std::vector<uint32_t> random = random_patterns(1 << 14, 3);
   patterns.insert(patterns.end(), random.begin(), random.end());
-  for (Bf16Isa isa : {Bf16Isa::kPortable, Bf16Isa::kAuto}) {
-    set_bf16_isa_override(isa);
-    for (const int64_t n : {int64_t{0}, int64_t{1}, int64_t{511}, int64_t{512}, int64_t{513}, int64_t{1500},
-                            static_cast<int64_t>(patterns.size())}) {
-      SCOPED_TRACE(testing::Message() << bf16_conversion_path_name() << " n " << n);
+  using Kernel = void (*)(const float*, float*, int64_t);
+  std::vector<std::pair<std::string, Kernel>> kernels{{"portable", detail::round_to_bf16_values_portable},
+                                                      {"dispatched", round_to_bf16_values}};
+  if (cpu_supports(SimdIsa::kAvx2))
+    kernels.emplace_back("avx2", detail::round_to_bf16_values_avx2);
+  else
+    std::printf("skipped: round_to_bf16_values_avx2 (CPU lacks AVX2)\n");
+  if (cpu_has_avx512_bf16())
+    kernels.emplace_back("avx512", detail::round_to_bf16_values_avx512);
+  else
+    std::printf("skipped: round_to_bf16_values_avx512 (CPU has no avx512_bf16)\n");
+  for (const auto& [name, kernel] : kernels)
+    for (const int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{8}, int64_t{15}, int64_t{16}, int64_t{17},
+                            int64_t{513}, static_cast<int64_t>(patterns.size())}) {
+      SCOPED_TRACE(testing::Message() << name << " n " << n);
       std::vector<float> src(static_cast<size_t>(n)), got(src.size()), want(src.size());
       std::memcpy(src.data(), patterns.data(), src.size() * sizeof(float));
-      std::vector<bf16> mid(src.size());
-      float_to_bf16(src.data(), mid.data(), n);
-      bf16_to_float(mid.data(), want.data(), n);
-      round_to_bf16_values(src.data(), got.data(), n);
+      for (size_t i = 0; i < src.size(); ++i) want[i] = bf16_to_float(float_to_bf16(src[i]));
+      kernel(src.data(), got.data(), n);
       ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
-      round_to_bf16_values(src.data(), src.data(), n);  // in place
+      kernel(src.data(), src.data(), n);  // in place
       ASSERT_EQ(std::memcmp(src.data(), want.data(), src.size() * sizeof(float)), 0);
     }
-  }
-  set_bf16_isa_override(Bf16Isa::kAuto);
 }
 
 TEST(Bf16Dispatch, OverrideSelectsPath) {
