@@ -22,27 +22,24 @@ int64_t rows_per_task(int64_t cols) {
   return std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(cols, 1));
 }
 
-}  // namespace
-
-namespace {
-
-// dst = src rounded to bf16 values in fp32 (round_to_bf16 into an F32 tensor).
-void round_to_values(const Tensor& src, const Tensor& dst) {
+// convert(from, to, n) over the [rows, cols] views src → dst, across threads: one contiguous run
+// split evenly, else whole rows per task (each row converted by one call, so the bits do not
+// depend on the thread count).
+template <typename From, typename To, typename Convert>
+void convert_rows(const Tensor& src, const Tensor& dst, Convert convert) {
   const int64_t rows = src.size(0), cols = src.size(1), ls = src.stride(0), ld = dst.stride(0);
-  const float* s = src.data<float>();
-  float* d = dst.data<float>();
-  if (ls == cols && ld == cols) {  // one contiguous run: split it evenly
+  const From* s = src.data<From>();
+  To* d = dst.data<To>();
+  if (ls == cols && ld == cols) {
     const int64_t n = rows * cols, chunk = int64_t{1} << 14, tasks = (n + chunk - 1) / chunk;
 #pragma omp parallel for schedule(static) if (tasks > 1)
-    for (int64_t t = 0; t < tasks; ++t)
-      round_to_bf16_values(s + t * chunk, d + t * chunk, std::min(chunk, n - t * chunk));
+    for (int64_t t = 0; t < tasks; ++t) convert(s + t * chunk, d + t * chunk, std::min(chunk, n - t * chunk));
     return;
   }
   const int64_t step = rows_per_task(cols), tasks = (rows + step - 1) / step;
 #pragma omp parallel for schedule(static) if (tasks > 1)
   for (int64_t t = 0; t < tasks; ++t)
-    for (int64_t r = t * step; r < std::min(rows, (t + 1) * step); ++r)
-      round_to_bf16_values(s + r * ls, d + r * ld, cols);
+    for (int64_t r = t * step; r < std::min(rows, (t + 1) * step); ++r) convert(s + r * ls, d + r * ld, cols);
 }
 
 }  // namespace
@@ -50,33 +47,16 @@ void round_to_values(const Tensor& src, const Tensor& dst) {
 void round_to_bf16(const Tensor& src, const Tensor& dst) {
   if (dst.defined() && dst.dtype() == DType::F32) {
     check_pair(src, dst, DType::F32, DType::F32);
-    return round_to_values(src, dst);
+    return convert_rows<float, float>(src, dst,
+                                      [](const float* s, float* d, int64_t n) { round_to_bf16_values(s, d, n); });
   }
   check_pair(src, dst, DType::F32, DType::BF16);
-  const int64_t rows = src.size(0), cols = src.size(1), ls = src.stride(0), ld = dst.stride(0);
-  const float* s = src.data<float>();
-  bf16* d = dst.data<bf16>();
-  if (ls == cols && ld == cols) {  // one contiguous run: split it evenly
-    const int64_t n = rows * cols, chunk = int64_t{1} << 14, tasks = (n + chunk - 1) / chunk;
-#pragma omp parallel for schedule(static) if (tasks > 1)
-    for (int64_t t = 0; t < tasks; ++t) float_to_bf16(s + t * chunk, d + t * chunk, std::min(chunk, n - t * chunk));
-    return;
-  }
-  const int64_t step = rows_per_task(cols), tasks = (rows + step - 1) / step;
-#pragma omp parallel for schedule(static) if (tasks > 1)
-  for (int64_t t = 0; t < tasks; ++t)
-    for (int64_t r = t * step; r < std::min(rows, (t + 1) * step); ++r) float_to_bf16(s + r * ls, d + r * ld, cols);
+  convert_rows<float, bf16>(src, dst, [](const float* s, bf16* d, int64_t n) { float_to_bf16(s, d, n); });
 }
 
 void widen_from_bf16(const Tensor& src, const Tensor& dst) {
   check_pair(src, dst, DType::BF16, DType::F32);
-  const int64_t rows = src.size(0), cols = src.size(1), ls = src.stride(0), ld = dst.stride(0);
-  const bf16* s = src.data<bf16>();
-  float* d = dst.data<float>();
-  const int64_t step = rows_per_task(cols), tasks = (rows + step - 1) / step;
-#pragma omp parallel for schedule(static) if (tasks > 1)
-  for (int64_t t = 0; t < tasks; ++t)
-    for (int64_t r = t * step; r < std::min(rows, (t + 1) * step); ++r) bf16_to_float(s + r * ls, d + r * ld, cols);
+  convert_rows<bf16, float>(src, dst, [](const bf16* s, float* d, int64_t n) { bf16_to_float(s, d, n); });
 }
 
 namespace {
