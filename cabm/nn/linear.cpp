@@ -36,10 +36,10 @@ namespace {
 constexpr int64_t kParallelBroadcast = int64_t{1} << 16;  // floats: below, a thread team costs more than it saves
 
 void check_bf16_copy(const Linear& layer) {
-  CABM_CHECK(layer.weight_bf16.dtype() == DType::BF16 && layer.weight_bf16.shape() == layer.weight.shape() &&
-                 layer.weight_bf16.stride(1) == 1,
-             "Linear: weight_bf16 {} must be a BF16 copy of the weight {}", shape_str(layer.weight_bf16.shape()),
-             shape_str(layer.weight.shape()));
+  CABM_CHECK((layer.weight_bf16.dtype() == DType::BF16 || layer.weight_bf16.dtype() == DType::F32) &&
+                 layer.weight_bf16.shape() == layer.weight.shape() && layer.weight_bf16.stride(1) == 1,
+             "Linear: weight_bf16 {} must be a bf16 copy of the weight {} (BF16, or F32 holding bf16 values)",
+             shape_str(layer.weight_bf16.shape()), shape_str(layer.weight.shape()));
 }
 
 // x rounded to bf16 in scratch slot `slot`: [rows, cols] contiguous, of rounded_dtype().
@@ -72,7 +72,7 @@ Tensor as_f32(const Tensor& t, Tensor& buffer) {
 
 // c = op(a)·op(b) (+ bias in every row), a and b rounded operands (BF16, or F32 holding bf16
 // values): gemm_bf16 on two BF16 ones, else gemm_bf16_widened with a BF16 one widened first, as
-// gemm_bf16 itself does where it widens (the weights' bf16 copies stay BF16 on every CPU).
+// gemm_bf16 itself does where it widens (a weight copy made before a test pinned the other form).
 void rounded_product(const Tensor& a, bool ta, const Tensor& b, bool tb, float* c, int64_t ldc, float beta,
                      const float* bias = nullptr) {
   if (a.dtype() == DType::BF16 && b.dtype() == DType::BF16)

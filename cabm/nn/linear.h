@@ -19,8 +19,10 @@ namespace cabm {
 struct Linear {
   Tensor weight;  // [out, in], unit column stride (may be a row slice of a packed weight)
   Tensor bias;    // [out]; undefined when the layer has no bias
-  // BF16 [out, in] copy of `weight` (mixed precision), or undefined (fp32 products). Whoever
-  // changes `weight` refreshes it (refresh_bf16_weights in cabm/nn/mixed_precision.h).
+  // [out, in] copy of `weight` rounded to bf16 (mixed precision): BF16, or F32 holding the bf16
+  // values on CPUs where gemm_bf16 widens its operands anyway (rounded_dtype(),
+  // cabm/nn/bf16_util.h); undefined: fp32 products. Whoever changes `weight` refreshes it
+  // (refresh_bf16_weights in cabm/nn/mixed_precision.h).
   Tensor weight_bf16;
 
   int64_t in_features() const { return weight.size(1); }

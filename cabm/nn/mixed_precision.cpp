@@ -23,7 +23,7 @@ void set_precision(Linear& layer, Precision precision) {
     layer.weight_bf16 = Tensor();
     return;
   }
-  if (!layer.weight_bf16.defined()) layer.weight_bf16 = Tensor::empty(layer.weight.shape(), DType::BF16);
+  if (!layer.weight_bf16.defined()) layer.weight_bf16 = Tensor::empty(layer.weight.shape(), rounded_dtype());
   refresh_bf16_weights(layer);
 }
 
@@ -39,7 +39,7 @@ void set_precision(MultiHeadAttention& mha, Precision precision) {
     // One [E + 2Ekv, E] copy whose row slices serve the three projections, like the fp32 weight.
     const int64_t E = mha.embed_dim(), Ekv = mha.kv_dim();
     const int64_t offsets[3] = {0, E, E + Ekv}, rows[3] = {E, Ekv, Ekv};
-    mha.in_proj_weight_bf16 = Tensor::empty(mha.in_proj_weight.shape(), DType::BF16);
+    mha.in_proj_weight_bf16 = Tensor::empty(mha.in_proj_weight.shape(), rounded_dtype());
     for (int64_t p = 0; p < 3; ++p)
       projections[p]->weight_bf16 = mha.in_proj_weight_bf16.narrow(0, offsets[p], rows[p]);
   }
@@ -66,7 +66,7 @@ void set_precision(CausalLM& model, Precision precision) {
     return;
   }
   const Tensor& output = model.config.tie_head ? model.embed.weight : model.head.weight;
-  if (!model.head.weight_bf16.defined()) model.head.weight_bf16 = Tensor::empty(output.shape(), DType::BF16);
+  if (!model.head.weight_bf16.defined()) model.head.weight_bf16 = Tensor::empty(output.shape(), rounded_dtype());
   round_to_bf16(output, model.head.weight_bf16);
 }
 

@@ -7,8 +7,9 @@
 //   Q, K, V, P·V in attention             softmax statistics (max, sum, lse), loss, reductions
 //   the KV cache (decoding)               embeddings (a lookup, no product), every output
 //
-// A module is switched to bf16 by set_precision, which gives each weight matrix a BF16 copy
-// (Linear::weight_bf16, MultiHeadAttention::in_proj_weight_bf16; for the causal LM also the
+// A module is switched to bf16 by set_precision, which gives each weight matrix a bf16 copy (BF16,
+// or F32 holding the bf16 values where gemm_bf16 widens its operands anyway: rounded_dtype() in
+// cabm/nn/bf16_util.h) (Linear::weight_bf16, MultiHeadAttention::in_proj_weight_bf16; for the causal LM also the
 // output matrix, tied or not, in head.weight_bf16). The copies are derived state: the fp32
 // weights stay the parameters (optimizer, checkpoints, named_parameters), and whoever changes
 // them calls refresh_bf16_weights — the trainers after each optimizer step and after loading.

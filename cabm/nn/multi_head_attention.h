@@ -50,7 +50,7 @@ struct MultiHeadAttention {
   Tensor in_proj_bias;              // [E + 2Ekv] when bias (packed or not); q/k/v biases are its slices
   Linear q_proj, k_proj, v_proj;    // views into the packed tensors, or separate [E or Ekv, kdim/vdim]
   Linear out_proj;
-  // Mixed precision: BF16 [3E, E] copy of in_proj_weight when packed (q/k/v_proj.weight_bf16
+  // Mixed precision: bf16 [3E, E] copy of in_proj_weight (of rounded_dtype()) when packed (q/k/v_proj.weight_bf16
   // are its row slices); undefined otherwise.
   Tensor in_proj_weight_bf16;
 

@@ -167,6 +167,8 @@ TEST(MixedPrecision, LinearKeptBf16Input) {
       fp32.weight.copy_from(test::random_tensor({out, in}, 5, -0.3f, 0.3f));
       Linear bf16 = fp32;
       set_precision(bf16, Precision::kBf16);
+      ASSERT_EQ(bf16.weight_bf16.dtype(), form);  // the weight's copy takes the same form
+      EXPECT_EQ(bf16.weight_bf16.to_vector(), rounded_f32(fp32.weight).to_vector());
       const Tensor x = test::random_tensor({rows, in}, 6), dy = test::random_tensor({rows, out}, 7);
       Tensor y_plain = Tensor::empty({rows, out}), y_kept = Tensor::empty({rows, out}), kept;
       linear_forward(bf16, x, y_plain);
@@ -442,12 +444,14 @@ TEST(MixedPrecision, RoundedFormsAgree) {
       EncoderLayer fp32 = make_encoder_layer(config);
       Rng rng(19);
       init_parameters(fp32, rng);
-      EncoderLayer bf16 = copy_layer(fp32);
-      set_precision(bf16, Precision::kBf16);
       const Tensor x = test::random_tensor({2, 21, 32}, 20), dy = test::random_tensor({2, 21, 32}, 21);
       const double kappa = cancellation(as_rows(x), fp32.self_attn.in_proj_weight);
       auto run = [&](DType form, std::vector<Tensor>& grads) {
         const PinnedRoundedForm pinned(form);
+        EncoderLayer bf16 = copy_layer(fp32);
+        set_precision(bf16, Precision::kBf16);  // the weights' copies in that form too
+        EXPECT_EQ(bf16.self_attn.in_proj_weight_bf16.dtype(), form);
+        EXPECT_EQ(bf16.ffn.linear2.weight_bf16.dtype(), form);
         EncoderLayerCache cache;
         const Tensor y = encoder_layer_forward(bf16, x, Mask::causal(), cache, ForwardMode{true, 5, 1, 0}).clone();
         EXPECT_EQ(cache.ffn.x_bf16.dtype(), form);
