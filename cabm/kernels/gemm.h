@@ -59,8 +59,8 @@ void gemm_bf16(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t
 // AVX512_BF16 but no AMX where vdpbf16ps does not outrun fp32 FMAs. There, callers that keep
 // operands for products (the mixed-precision modules, cabm/nn/bf16_util.h) keep them as fp32
 // holding bf16 values and call gemm_bf16_widened, which saves the rounding to bf16 and the
-// widening back (a Xeon without AMX: 9% of a bf16 training step's samples down to 3%, the step
-// from 0.86 to 0.97 of fp32's speed; docs/mixed_precision.md, session 37).
+// widening back (a Xeon without AMX: 9% of a bf16 training step's samples down to 2.4%, the step
+// from 0.84–0.87 to 0.97–0.98 of fp32's speed; docs/mixed_precision.md, session 37).
 bool gemm_bf16_widens();
 
 // gemm_bf16 on operands already widened: a and b are fp32 views whose values are bf16 values
