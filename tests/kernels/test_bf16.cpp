@@ -193,13 +193,15 @@ TEST(Bf16Convert, RoundedValuesAreTheTwoConversions) {
     for (const int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{8}, int64_t{15}, int64_t{16}, int64_t{17},
                             int64_t{513}, static_cast<int64_t>(patterns.size())}) {
       SCOPED_TRACE(testing::Message() << name << " n " << n);
-      std::vector<float> src(static_cast<size_t>(n)), got(src.size()), want(src.size());
-      std::memcpy(src.data(), patterns.data(), src.size() * sizeof(float));
-      for (size_t i = 0; i < src.size(); ++i) want[i] = bf16_to_float(float_to_bf16(src[i]));
+      // At least one element each, so that no null pointer reaches memcpy or memcmp at n = 0.
+      const size_t size = static_cast<size_t>(n), bytes = size * sizeof(float);
+      std::vector<float> src(std::max<size_t>(size, 1)), got(src.size()), want(src.size());
+      std::memcpy(src.data(), patterns.data(), bytes);
+      for (size_t i = 0; i < size; ++i) want[i] = bf16_to_float(float_to_bf16(src[i]));
       kernel(src.data(), got.data(), n);
-      ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), bytes), 0);
       kernel(src.data(), src.data(), n);  // in place
-      ASSERT_EQ(std::memcmp(src.data(), want.data(), src.size() * sizeof(float)), 0);
+      ASSERT_EQ(std::memcmp(src.data(), want.data(), bytes), 0);
     }
 }
 
