@@ -297,15 +297,22 @@ MatrixRef to_f32(const MatrixRefBf16& x, F32Buffer& buffer) {
   return {data, x.rows, x.cols, std::max<int64_t>(stored_cols, 1), x.transposed};
 }
 
-void gemm_bf16_via_f32(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha, float beta,
-                       const float* bias) {
-  // Per calling thread, grown to the largest operands and reused (fresh pages are expensive here).
-  thread_local F32Buffer abuf, bbuf;
+// The fp32 product of widened operands, the bias first written into c: gemm_bf16's converted
+// route and gemm_bf16_widened both end here, so they give the same bits.
+void widened_product(const MatrixRef& a, const MatrixRef& b, float* c, int64_t ldc, float alpha, float beta,
+                     const float* bias) {
   if (bias) {
     bias_into(c, ldc, a.rows, b.cols, beta, bias);
     beta = 1.0f;
   }
-  gemm(to_f32(a, abuf), to_f32(b, bbuf), c, ldc, alpha, beta);
+  gemm(a, b, c, ldc, alpha, beta);
+}
+
+void gemm_bf16_via_f32(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha, float beta,
+                       const float* bias) {
+  // Per calling thread, grown to the largest operands and reused (fresh pages are expensive here).
+  thread_local F32Buffer abuf, bbuf;
+  widened_product(to_f32(a, abuf), to_f32(b, bbuf), c, ldc, alpha, beta, bias);
 }
 
 }  // namespace
@@ -323,12 +330,7 @@ void gemm_bf16_widened(const MatrixRef& a, const MatrixRef& b, float* c, int64_t
                   : !onednn_has_bf16_matmul() ? g_converted_products
                                               : g_given_widened_products;
   counter.fetch_add(1, std::memory_order_relaxed);
-  // gemm_bf16_via_f32 after its widening: the same calls, so the same bits.
-  if (bias) {
-    bias_into(c, ldc, a.rows, b.cols, beta, bias);
-    beta = 1.0f;
-  }
-  gemm(a, b, c, ldc, alpha, beta);
+  widened_product(a, b, c, ldc, alpha, beta, bias);
 }
 
 void gemm_bf16(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha, float beta,
