@@ -20,17 +20,18 @@
 // as a fraction of the peak of the unit that path uses: the header prints the FMA peak and, on
 // CPUs that have them, the vdpbf16ps and AMX tdpbf16ps peaks, each measured by a register-only
 // loop in the same run (cli/bench_util.h).
-#include "cli/bench_util.h"
-#include "cli/commands.h"
-#include "cli/flags.h"
 #include "cabm/core/error.h"
 #include "cabm/core/memory.h"
 #include "cabm/core/tensor.h"
 #include "cabm/core/threads.h"
 #include "cabm/kernels/attention/attention.h"
+#include "cabm/kernels/attention/block_sparse.h"
 #include "cabm/kernels/attention/flash_bf16.h"
 #include "cabm/kernels/bf16.h"
-#include "cabm/kernels/attention/block_sparse.h"
+#include "cabm/kernels/machine_wisdom.h"
+#include "cli/bench_util.h"
+#include "cli/commands.h"
+#include "cli/flags.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -419,7 +420,10 @@ void bench_attention(const BenchFlags& f) {
       }
       j["cases"].push_back(c);
     }
+    j["machine_values"] = machine_values_summary();
     std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("%s\n", machine_values_summary().c_str());  // what chose the tiles and the bf16 unit
   }
 }
 

@@ -10,10 +10,6 @@
 // (bf16 path "portable"), gemm_bf16 converts its operands back to fp32 and calls sgemm, and the
 // bf16 attention kernel runs scalar code: expect bf16 to be SLOWER there; the bench says which
 // path ran.
-#include "cli/bench_util.h"
-#include "cli/commands.h"
-#include "cli/flags.h"
-#include "cli/progress.h"
 #include "cabm/core/error.h"
 #include "cabm/core/memory.h"
 #include "cabm/core/rng.h"
@@ -22,11 +18,16 @@
 #include "cabm/kernels/bf16.h"
 #include "cabm/kernels/gemm.h"
 #include "cabm/kernels/gemm_route.h"
+#include "cabm/kernels/machine_wisdom.h"
 #include "cabm/nn/encoder_layer.h"
 #include "cabm/nn/init.h"
 #include "cabm/nn/mixed_precision.h"
 #include "cabm/nn/parameters.h"
 #include "cabm/train/lm_trainer.h"
+#include "cli/bench_util.h"
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "cli/progress.h"
 
 #include <fmt/format.h>
 
@@ -165,6 +166,7 @@ void bench_layer(const LayerFlags& f) {
   print_row("forward+backward", both, tokens);
   std::printf("output ||bf16 - fp32|| / ||fp32|| = %.2e (bf16 unit roundoff 2^-8 = %.2e)\n", diff, std::ldexp(1.0, -8));
   std::printf("%s\n", gemm_route_summary().c_str());
+  std::printf("%s\n", machine_values_summary().c_str());
   std::printf("gemm_bf16 ran on: %s\n", gemm_bf16_implementations_used().c_str());
   std::printf("(bf16 speed = fp32 time / bf16 time, medians of %lld alternating calls each)\n",
               static_cast<long long>(f.repeats));
@@ -227,6 +229,7 @@ void bench_train(const TrainBenchFlags& f) {
   std::printf("(bf16 speed = fp32 time / bf16 time, medians of %lld alternating steps each)\n",
               static_cast<long long>(f.steps));
   std::printf("%s\n", gemm_route_summary().c_str());
+  std::printf("%s\n", machine_values_summary().c_str());
   std::printf("gemm_bf16 ran on: %s\n", gemm_bf16_implementations_used().c_str());
 }
 

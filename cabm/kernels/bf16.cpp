@@ -2,6 +2,7 @@
 
 #include "cabm/core/error.h"
 #include "cabm/kernels/cpu_isa.h"
+#include "cabm/kernels/machine_wisdom.h"
 #include "cabm/kernels/unit_loops.h"
 
 #include <algorithm>
@@ -138,7 +139,9 @@ int products_pin() {
 
 double vdpbf16ps_to_fma_rate() {
 #if defined(CABM_X86)
-  static const double rate = cpu_has_avx512_bf16() ? measure_vdpbf16ps_to_fma_rate() : 0.0;
+  // Kept in the wisdom file: which unit the bf16 products run on follows it (choose_products).
+  static const double rate =
+      cpu_has_avx512_bf16() ? machine_value("vdpbf16ps_to_fma_rate", measure_vdpbf16ps_to_fma_rate) : 0.0;
   return rate;
 #else
   return 0.0;

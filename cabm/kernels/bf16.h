@@ -57,7 +57,8 @@ bool bf16_amx_active();
 //
 // vdpbf16ps_to_fma_rate(): multiply-adds per second of vdpbf16ps over fp32 FMAs on the calling
 // core (unit_loops.h's loops, best of 8 interleaved rounds of about 0.1 ms each), measured once
-// per process; 0 where the CPU lacks AVX512_BF16.
+// per machine (kept in the wisdom file, machine_wisdom.h: the unit changes the bits of a result,
+// so every process must take the same); 0 where the CPU lacks AVX512_BF16.
 double vdpbf16ps_to_fma_rate();
 // Whether the bf16 kernels take vdpbf16ps. Never where bf16_active_isa() is not kAvx512Bf16; else
 // the first that applies: set_bf16_products_override (tests, comparisons); the isa override

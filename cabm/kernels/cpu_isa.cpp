@@ -1,6 +1,7 @@
 #include "cabm/kernels/cpu_isa.h"
 
 #include "cabm/core/error.h"
+#include "cabm/kernels/machine_wisdom.h"
 #include "cabm/kernels/unit_loops.h"
 
 #include <unistd.h>
@@ -96,24 +97,31 @@ int64_t cpu_l1d_bytes() {
   return bytes;
 }
 
+namespace {
+
+double measure_avx512_fmas_per_cycle() {
+  using Clock = std::chrono::steady_clock;
+  // About 0.1 ms each: 12 FMAs per iteration at one or two per cycle, 8 multiplies at 3 cycles.
+  constexpr int64_t kFmaIterations = 20000, kChainIterations = 10000;
+  float sink = 0;
+  double fmas = 0, cycles = 0;  // best per second
+  for (int round = 0; round < 8; ++round) {
+    auto t0 = Clock::now();
+    const double flops = detail::fma_loop_avx512(kFmaIterations, &sink);
+    fmas = std::max(fmas, flops / 32 / std::chrono::duration<double>(Clock::now() - t0).count());
+    t0 = Clock::now();
+    const double n = detail::imul_chain_cycles(kChainIterations);
+    cycles = std::max(cycles, n / std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return cycles > 0 ? fmas / cycles : 0.0;
+}
+
+}  // namespace
+
+// Kept in the wisdom file: the tile sizes of the fp32 attention kernels follow it (flash.cpp).
 double avx512_fmas_per_cycle() {
-  static const double rate = [] {
-    if (!cpu_supports(SimdIsa::kAvx512)) return 0.0;
-    using Clock = std::chrono::steady_clock;
-    // About 0.1 ms each: 12 FMAs per iteration at one or two per cycle, 8 multiplies at 3 cycles.
-    constexpr int64_t kFmaIterations = 20000, kChainIterations = 10000;
-    float sink = 0;
-    double fmas = 0, cycles = 0;  // best per second
-    for (int round = 0; round < 8; ++round) {
-      auto t0 = Clock::now();
-      const double flops = detail::fma_loop_avx512(kFmaIterations, &sink);
-      fmas = std::max(fmas, flops / 32 / std::chrono::duration<double>(Clock::now() - t0).count());
-      t0 = Clock::now();
-      const double n = detail::imul_chain_cycles(kChainIterations);
-      cycles = std::max(cycles, n / std::chrono::duration<double>(Clock::now() - t0).count());
-    }
-    return cycles > 0 ? fmas / cycles : 0.0;
-  }();
+  static const double rate =
+      cpu_supports(SimdIsa::kAvx512) ? machine_value("avx512_fmas_per_cycle", measure_avx512_fmas_per_cycle) : 0.0;
   return rate;
 }
 

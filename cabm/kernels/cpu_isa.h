@@ -38,7 +38,8 @@ int64_t cpu_l2_bytes();
 // The same for one core's L1 data cache (32 KiB where the OS reports none).
 int64_t cpu_l1d_bytes();
 
-// 512-bit FMAs one core retires per cycle, measured once per process on the calling core: a
+// 512-bit FMAs one core retires per cycle, measured once per machine on the calling core (kept in
+// the wisdom file, machine_wisdom.h, as every process must choose the same attention tiles): a
 // register-only FMA loop against a chain of dependent integer multiplies, 3 cycles each on every
 // x86-64 core (unit_loops.h; best of 8 interleaved rounds of about 0.1 ms). About 2 on cores
 // with two 512-bit FMA pipes (the Intel Xeons measured, family 6 models 167 and 207), 1 where a

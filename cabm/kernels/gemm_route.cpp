@@ -1,47 +1,16 @@
 #include "cabm/kernels/gemm_route.h"
 
 #include "cabm/core/error.h"
+#include "cabm/kernels/machine_wisdom.h"
 
-#include <cblas.h>
-#include <dnnl.h>
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <mutex>
-#include <sstream>
 
 namespace cabm {
 
 namespace {
-
-namespace fs = std::filesystem;
-
-// The CPU by its model name, family and model number (virtual machines often report one name,
-// "AMD EPYC", for a Zen 3 and a Zen 4, whose best routes differ), and the two libraries' builds.
-std::string machine_id() {
-  std::string cpu = "unknown CPU", family = "?", model = "?";
-  std::ifstream info("/proc/cpuinfo");
-  for (std::string line; std::getline(info, line) && !line.empty();) {  // the first processor's lines
-    const size_t colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    const std::string field = line.substr(0, line.find_last_not_of(" \t", colon - 1) + 1);
-    const std::string value = line.substr(std::min(line.size(), colon + 2));
-    if (field == "model name") cpu = value;
-    if (field == "cpu family") family = value;
-    if (field == "model") model = value;
-  }
-  const dnnl_version_t* v = dnnl_version();
-  std::string id = fmt::format("{} (family {} model {}) | oneDNN {}.{}.{} | OpenBLAS {}", cpu, family, model, v->major,
-                               v->minor, v->patch, openblas_get_config());
-  std::replace(id.begin(), id.end(), '\t', ' ');
-  return id;
-}
 
 std::optional<GemmLibrary> pinned_from_env() {
   const char* value = std::getenv("CABM_GEMM");
@@ -50,13 +19,6 @@ std::optional<GemmLibrary> pinned_from_env() {
   if (v == "onednn") return GemmLibrary::kOneDnn;
   if (v == "openblas") return GemmLibrary::kOpenBlas;
   throw Error(fmt::format("CABM_GEMM is '{}', expected onednn, openblas or auto", v));
-}
-
-std::string default_wisdom_path() {
-  if (const char* path = std::getenv("CABM_GEMM_WISDOM")) return path;
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return std::string(xdg) + "/cabm/gemm_routes.tsv";
-  if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.cache/cabm/gemm_routes.tsv";
-  return "off";
 }
 
 std::optional<GemmLibrary> parse_library(const std::string& name) {
@@ -106,11 +68,6 @@ class Router {
     if (code == kPinNone) return std::nullopt;
     return static_cast<GemmLibrary>(code);
   }
-  std::string wisdom_path() {
-    const std::lock_guard<std::mutex> lock(mutex_);
-    init();
-    return wisdom_;
-  }
   int64_t trials() {
     const std::lock_guard<std::mutex> lock(mutex_);
     return trials_;
@@ -126,7 +83,7 @@ class Router {
     init();
     decisions_.clear();
     trials_ = 0;
-    if (wisdom) wisdom_ = *wisdom;
+    if (wisdom) wisdom::reset(*wisdom);
   }
 
  private:
@@ -134,8 +91,6 @@ class Router {
     if (initialised_) return;
     pin_ = pinned_from_env();
     publish_pin();
-    wisdom_ = default_wisdom_path();
-    machine_ = machine_id();
     initialised_ = true;
   }
 
@@ -168,33 +123,16 @@ class Router {
     return d.library;
   }
 
-  // The first line of this machine for `key`.
-  std::optional<GemmRouteDecision> read_wisdom(const std::string& key) const {
-    if (wisdom_ == "off" || wisdom_.empty()) return std::nullopt;
-    std::ifstream in(wisdom_);
-    for (std::string line; std::getline(in, line);) {
-      std::vector<std::string> fields;
-      std::stringstream ss(line);
-      for (std::string f; std::getline(ss, f, '\t');) fields.push_back(f);
-      if (fields.size() != 5 || fields[0] != machine_ || fields[1] != key) continue;
-      if (const auto library = parse_library(fields[2])) return GemmRouteDecision{key, *library, 0, 0, true};
-    }
+  // The first usable line of this machine for `key`: machine, key, library, the two times.
+  static std::optional<GemmRouteDecision> read_wisdom(const std::string& key) {
+    const auto known = [](const std::vector<std::string>& f) { return parse_library(f[0]).has_value(); };
+    if (const auto fields = wisdom::first(key, 3, known))
+      return GemmRouteDecision{key, *parse_library((*fields)[0]), 0, 0, true};
     return std::nullopt;
   }
-
-  // One line appended with O_APPEND (a single write: lines of concurrent writers do not
-  // interleave). A file that cannot be written leaves the decision in memory only.
-  void append_wisdom(const GemmRouteDecision& d) const {
-    if (wisdom_ == "off" || wisdom_.empty()) return;
-    std::error_code ec;
-    const fs::path parent = fs::path(wisdom_).parent_path();
-    if (!parent.empty()) fs::create_directories(parent, ec);
-    const std::string line = fmt::format("{}\t{}\t{}\t{:.6g}\t{:.6g}\n", machine_, d.key, gemm_library_name(d.library),
-                                         d.onednn_seconds, d.openblas_seconds);
-    const int fd = ::open(wisdom_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd < 0) return;
-    [[maybe_unused]] const ssize_t written = ::write(fd, line.data(), line.size());
-    ::close(fd);
+  static void append_wisdom(const GemmRouteDecision& d) {
+    wisdom::append(d.key, {gemm_library_name(d.library), fmt::format("{:.6g}", d.onednn_seconds),
+                           fmt::format("{:.6g}", d.openblas_seconds)});
   }
 
   std::mutex mutex_;
@@ -204,7 +142,6 @@ class Router {
   static constexpr int kPinUnknown = -2, kPinNone = -1;
   std::optional<GemmLibrary> pin_;
   std::atomic<int> pin_code_{kPinUnknown};
-  std::string wisdom_, machine_;
   std::map<std::string, GemmRouteDecision> decisions_;
   int64_t trials_ = 0;
 };
@@ -265,7 +202,7 @@ std::string gemm_route_summary() {
     if (!d.from_wisdom) list += fmt::format(" ({:.3g} vs {:.3g} ms)", d.onednn_seconds * 1e3, d.openblas_seconds * 1e3);
   }
   return fmt::format("gemm routes ({} timed here, {} from {}; oneDNN vs OpenBLAS): {}", timed,
-                     static_cast<int64_t>(decisions.size()) - timed, router().wisdom_path(), list);
+                     static_cast<int64_t>(decisions.size()) - timed, wisdom::path(), list);
 }
 
 void set_gemm_library_override(std::optional<GemmLibrary> library) { router().set_pin(library); }

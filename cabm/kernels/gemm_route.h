@@ -6,15 +6,12 @@
 //
 // The first product of a given form and class (transposes; M, N, K each rounded up to a
 // power of two; the exact leading dimensions; thread count) that is large enough to matter is timed on both
-// libraries, in alternation, and the faster one is kept for the rest of the process; OpenBLAS must win by 10% to be taken (oneDNN is
-// the default and the one cabm's bf16 products use). Smaller products always run on oneDNN.
+// libraries, in alternation, and the faster one is kept for the rest of the process; OpenBLAS must win by 10% to be
+// taken (oneDNN is the default and the one cabm's bf16 products use). Smaller products always run on oneDNN.
 //
-// The decisions are also kept on disk, like FFTW's wisdom, so that every process on one machine
-// makes the same choice (the two libraries round differently; a resumed training run must take
-// the same routes as the uninterrupted one to reproduce it bit for bit):
-//   CABM_GEMM_WISDOM=PATH   the file (default $XDG_CACHE_HOME/cabm/gemm_routes.tsv, else
-//                           ~/.cache/cabm/gemm_routes.tsv); "off" keeps decisions in memory only.
-//                           Lines from another CPU model or library version are ignored.
+// The decisions are also kept on disk (machine_wisdom.h: the file, CABM_GEMM_WISDOM), so that every
+// process on one machine makes the same choice (the two libraries round differently; a resumed
+// training run must take the same routes as the uninterrupted one to reproduce it bit for bit).
 //   CABM_GEMM=onednn|openblas|auto   pins every product to one library (default auto).
 #pragma once
 
@@ -72,7 +69,7 @@ std::vector<GemmRouteDecision> gemm_route_decisions();
 std::string gemm_route_summary();
 
 // Tests: replace the pin (nullopt: auto) and forget every decision; `wisdom` replaces the
-// file's path for this process ("off": none).
+// file's path for this process ("off": none) and forgets the machine values (wisdom::reset).
 void set_gemm_library_override(std::optional<GemmLibrary> library);
 void reset_gemm_routes(const std::optional<std::string>& wisdom = std::nullopt);
 int64_t gemm_route_trials();  // how many decisions were timed in this process

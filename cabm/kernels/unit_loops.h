@@ -5,7 +5,7 @@
 // (2 per multiply-add; bf16 pairs accumulated in fp32 count 2 per pair product).
 //
 // `cabm bench` times them on every thread for the peaks it prints (cli/bench_util.h); the bf16
-// kernels time the FMA and vdpbf16ps loops once per process on one core to choose between their
+// kernels time the FMA and vdpbf16ps loops once per machine (machine_wisdom.h) on one core to choose between their
 // vdpbf16ps and widened fp32 products (vdpbf16ps_to_fma_rate() in bf16.h), and the tile rules
 // the FMA loop against a multiply chain to count FMA pipes (avx512_fmas_per_cycle(), cpu_isa.h).
 // Each loop is compiled for its instruction set by target attribute whatever the build's flags,

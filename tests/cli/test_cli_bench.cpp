@@ -3,6 +3,7 @@
 // stderr, non-zero exit).
 #include "cabm/kernels/bf16.h"
 #include "cabm/kernels/cpu_isa.h"
+#include "cabm/kernels/machine_wisdom.h"
 #include "cabm/nn/causal_lm.h"
 #include "cabm/nn/parameters.h"
 #include "cabm/train/lm_trainer.h"
@@ -12,7 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdlib>
-
+#include <filesystem>
+#include <fstream>
 
 namespace cabm {
 namespace {
@@ -138,6 +140,41 @@ TEST(CliBench, Bf16ProductsPin) {
   EXPECT_EQ(vdp, "avx512_bf16");
   EXPECT_EQ(fp32, std::string(simd_isa() == SimdIsa::kAvx512 ? "avx512" : "avx2") + "_fp32");
   EXPECT_TRUE(automatic == vdp || automatic == fp32) << automatic;
+}
+
+// The measurements that choose the attention tiles and the bf16 unit come from the wisdom file
+// when it has them for this machine, so that every process computes alike: a planted value
+// decides, and the bench names where it came from.
+TEST(CliBench, MachineValuesFromTheWisdomFile) {
+  const std::string file = test::temp_dir() + "/cli_machine_values.tsv";
+  const auto run = [&](double fmas, double rate) {
+    std::filesystem::remove(file);
+    std::ofstream(file) << wisdom::machine() << "\tvalue avx512_fmas_per_cycle\t" << fmas << "\n"
+                        << wisdom::machine() << "\tvalue vdpbf16ps_to_fma_rate\t" << rate << "\n";
+    const char* suite = std::getenv("CABM_GEMM_WISDOM");  // the test suite's file
+    const std::string saved = suite ? suite : "";
+    ::setenv("CABM_GEMM_WISDOM", file.c_str(), 1);
+    const CmdResult r = cabm("bench attention --n 64 --d 16 --masks none --repeats 1 --json --precision both");
+    if (suite)
+      ::setenv("CABM_GEMM_WISDOM", saved.c_str(), 1);
+    else
+      ::unsetenv("CABM_GEMM_WISDOM");
+    EXPECT_EQ(r.status, 0) << r.err;
+    return r.status == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
+  };
+  const nlohmann::json one = run(1, 0.5), two = run(2, 2);
+  const std::string values = one.value("machine_values", "");
+  EXPECT_TRUE(contains(values, file)) << values;
+  if (cpu_supports(SimdIsa::kAvx512)) {
+    EXPECT_TRUE(contains(values, "avx512_fmas_per_cycle 1 (from the file)")) << values;
+    EXPECT_TRUE(contains(two.value("machine_values", ""), "avx512_fmas_per_cycle 2 (from the file)"));
+  }
+  if (!cpu_has_avx512_bf16() || cpu_has_amx_bf16())
+    GTEST_SKIP() << "the vdpbf16ps rate chooses nothing on this CPU (AVX512_BF16 "
+                 << (cpu_has_avx512_bf16() ? "with" : "without") << " AMX)";
+  EXPECT_TRUE(contains(values, "vdpbf16ps_to_fma_rate 0.5 (from the file)")) << values;
+  EXPECT_EQ(one.value("bf16_path", ""), std::string(simd_isa() == SimdIsa::kAvx512 ? "avx512" : "avx2") + "_fp32");
+  EXPECT_EQ(two.value("bf16_path", ""), "avx512_bf16");
 }
 
 TEST(CliBench, BadFlags) {

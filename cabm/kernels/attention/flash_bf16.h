@@ -20,7 +20,7 @@
 //                taken only while the tests' hook detail::set_amx_emulation is on, on any CPU with
 //                AVX-512 BF16: how the AMX kernels are tested where no AMX exists.
 //   avx512_bf16  CPUs with AVX-512 BF16 where vdpbf16ps outruns fp32 FMAs (bf16_vdpbf16ps_active():
-//                measured once per process, or pinned by CABM_BF16_PRODUCTS; the Zen 4 and 5, not
+//                measured once per machine (machine_wisdom.h), or pinned by CABM_BF16_PRODUCTS; the Zen 4 and 5, not
 //                the Intel Xeons measured, which take avx512_fp32 when AMX is absent): both products
 //                with vdpbf16ps on pair-interleaved packed tiles (K: 16 keys × 2 head-dim
 //                elements per zmm; V: 2 keys × 16 columns per zmm; Q and P rows read as 32-bit
