@@ -14,7 +14,6 @@ using simd::kWidth;
 using simd::Vec;
 using HeadScores = simd::HeadScores;
 using simd::tile::Accum;
-using simd::tile::round_tile_to_bf16;
 using simd::tile::tile_product;
 using simd::tile::transpose_scaled;
 
@@ -148,6 +147,7 @@ void backward_key_tile(const BackwardArgs& args, BackwardBuffers& buf, int64_t b
     const float *lse2 = buf.lse2 + u * chunk_rows, *delta = buf.delta + u * chunk_rows;
     float* dq = buf.dq + u * chunk_rows * dp;
     const DropoutMatrix dropout(args.options, b, h, p.H, p.M);
+    const bool round_p = kRoundsProducts<T> && !p.dropout;  // P rounded where it is computed (else with z)
     const HeadScores variants(p.variants, h);
 
     // Query tiles on the block_q grid of the head (chunks start on it), clipped to the chunk.
@@ -181,6 +181,8 @@ void backward_key_tile(const BackwardArgs& args, BackwardBuffers& buf, int64_t b
           Vec pr = kRoundsProducts<T> ? simd::exp2_weights(t) : simd::exp2_nonpositive(t);  // as the forward's P
           if constexpr (kVariants) pr = simd::select_below(t, simd::set1(kNegligible), simd::zero(), pr);
           simd::store(srow + lv, pr);
+          // Mixed precision without dropout: P enters dV as bf16, kept beside it in z (P stays fp32 for dS).
+          if (round_p) simd::store(buf.z + r * ld + lv, simd::round_to_bf16(pr));
         }
       }
       // dP = dO Vᵀ
@@ -195,16 +197,13 @@ void backward_key_tile(const BackwardArgs& args, BackwardBuffers& buf, int64_t b
           for (int64_t lv = 0; lv < lanes; lv += kWidth) {
             const Vec zz = simd::load(z + r * ld + lv);
             simd::store(dps + r * ld + lv, simd::mul(simd::load(dps + r * ld + lv), zz));
-            simd::store(z + r * ld + lv, simd::mul(simd::load(s + r * ld + lv), zz));
+            // Mixed precision: P∘z enters dV as bf16.
+            const Vec dropped = simd::mul(simd::load(s + r * ld + lv), zz);
+            simd::store(z + r * ld + lv, kRoundsProducts<T> ? simd::round_to_bf16(dropped) : dropped);
           }
         }
-        p_used = z;
       }
-      // Mixed precision: P∘z enters dV as bf16 (into z; P stays fp32 for dS).
-      if constexpr (kRoundsProducts<T>) {
-        round_tile_to_bf16(p_used, buf.z, ni, lanes, ld);
-        p_used = buf.z;
-      }
+      if (p.dropout || round_p) p_used = buf.z;
       // dVᵀ += dOᵀ (P∘z)
       buf.prefetch.pump();
       tile_product(p.dv, lanes, ni, {g.row(li), 1, g.stride}, {p_used, ld}, {dvt, ld}, Accum::kAdd);
@@ -216,11 +215,10 @@ void backward_key_tile(const BackwardArgs& args, BackwardBuffers& buf, int64_t b
           if constexpr (kVariants) {
             if (variants.softcap()) ds = simd::mul(ds, simd::load(buf.cap + r * ld + lv));
           }
-          simd::store(dps + r * ld + lv, ds);
+          // Mixed precision: dS enters dK and dQ as bf16.
+          simd::store(dps + r * ld + lv, kRoundsProducts<T> ? simd::round_to_bf16(ds) : ds);
         }
       }
-      // Mixed precision: dS enters dK and dQ as bf16.
-      if constexpr (kRoundsProducts<T>) round_tile_to_bf16(dps, dps, ni, lanes, ld);
       // dKᵀ += Qᵀ dS (scaled at the end);  dQ += dS (scale·K), only over the tile's real keys.
       buf.prefetch.pump();
       tile_product(p.d, lanes, ni, {q.row(li), 1, q.stride}, {dps, ld}, {dkt, ld}, Accum::kAdd);

@@ -18,7 +18,6 @@ using simd::Vec;
 using HeadScores = simd::HeadScores;
 // The block products: tile_product and its micro-kernel (attention/tile_product.h).
 using simd::tile::Accum;
-using simd::tile::round_tile_to_bf16;
 using simd::tile::tile_product;
 using simd::tile::transpose_scaled;
 
@@ -153,7 +152,9 @@ void forward_query_tile(const ForwardArgs& args, ForwardBuffers& buf, int64_t b,
       }
     }
 
-    // Online softmax, one vector of query rows at a time.
+    // Online softmax, one vector of query rows at a time. Mixed precision: P (∘ z) enters P·V as
+    // bf16 while l sums the fp32 values; the rounding is done where P (or P ∘ z) is stored.
+    const bool round_p = kRoundsProducts<T> && !p.dropout;
     bool grew = false;
     for (int64_t lv = 0; lv < lanes; lv += kWidth) {
       const Vec m_old = simd::load(m + lv);
@@ -166,7 +167,7 @@ void forward_query_tile(const ForwardArgs& args, ForwardBuffers& buf, int64_t b,
         // The bf16 kernels' weights take their own polynomial (simd::exp2_weights), as every bf16 path.
         Vec e = kRoundsProducts<T> ? simd::exp2_weights(x) : simd::exp2_nonpositive(x);
         if constexpr (kVariants) e = simd::select_below(x, simd::set1(kNegligible), simd::zero(), e);
-        simd::store(s + r * ld + lv, e);
+        simd::store(s + r * ld + lv, round_p ? simd::round_to_bf16(e) : e);
         sum = simd::add(sum, e);
       }
       simd::store(alpha + lv, a);
@@ -179,11 +180,11 @@ void forward_query_tile(const ForwardArgs& args, ForwardBuffers& buf, int64_t b,
       float* z = buf.z;
       for (int64_t r = 0; r < ni; ++r) dropout.fill_row(i0 + r, j0, j0 + nk, p.keep_scale, z + r, ld);
       for (int64_t r = 0; r < nk; ++r)
-        for (int64_t lv = 0; lv < lanes; lv += kWidth)
-          simd::store(s + r * ld + lv, simd::mul(simd::load(s + r * ld + lv), simd::load(z + r * ld + lv)));
+        for (int64_t lv = 0; lv < lanes; lv += kWidth) {
+          const Vec dropped = simd::mul(simd::load(s + r * ld + lv), simd::load(z + r * ld + lv));
+          simd::store(s + r * ld + lv, kRoundsProducts<T> ? simd::round_to_bf16(dropped) : dropped);
+        }
     }
-    // Mixed precision: P (∘ z) enters P·V as bf16; l above summed the fp32 values.
-    if constexpr (kRoundsProducts<T>) round_tile_to_bf16(s, s, nk, lanes, ld);
     // Oᵀ = alpha ∘ Oᵀ + Vᵀ Pᵀ; the rescale only when some row's maximum grew.
     const Accum mode = first ? Accum::kOverwrite : grew ? Accum::kScaleAdd : Accum::kAdd;
     const int64_t panel = j0 / p.block_k * p.block_k;  // a tile never crosses panels (KeyTiles)

@@ -156,11 +156,4 @@ inline void tile_product(int64_t rows, int64_t lanes, int64_t K, ScalarOperand a
   }
 }
 
-// dst = src rounded to bf16 values, rows × lanes (a multiple of kWidth) of tiles with stride ld.
-inline void round_tile_to_bf16(const float* src, float* dst, int64_t rows, int64_t lanes, int64_t ld) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t lv = 0; lv < lanes; lv += kWidth)
-      simd::store(dst + r * ld + lv, simd::round_to_bf16(simd::load(src + r * ld + lv)));
-}
-
 }  // namespace cabm::CABM_SIMD_NS::tile
