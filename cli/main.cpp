@@ -1,15 +1,18 @@
 // The `cabm` command line. Each subcommand lives in its own file (cli/cmd_*.cpp) and
 // registers itself here.
-#include "cli/commands.h"
 #include "cabm/core/error.h"
 #include "cabm/core/threads.h"
+#include "cabm/kernels/cpu_isa.h"
+#include "cabm/kernels/openblas_core.h"
 #include "cabm/train/distributed.h"
+#include "cli/commands.h"
 
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <new>
 #include <string>
 
@@ -41,15 +44,42 @@ bool openmp_binding_requested() {
 //   spin polls          300,000 (default)   20,000   1,000    0 (OMP_WAIT_POLICY=passive)
 //   machine quiet       16,100–16,900        -       15,400–15,900    12,900–14,000
 //   load ~7 (builds)    626–980            1,570     3,038    3,539–4,208
-// 1,000 polls keeps 95% of the quiet speed and most of the gain under load. libgomp reads the
-// setting once, when it is loaded, so when the user has chosen none (neither GOMP_SPINCOUNT nor
-// OMP_WAIT_POLICY is set) cabm sets it and executes itself again, once; not where threads are to
-// be bound (openmp_binding_requested).
-void limit_openmp_spinning(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr) return;
-  if (openmp_binding_requested()) return;
-  if (setenv("GOMP_SPINCOUNT", "1000", 1) != 0) return;
-  execv("/proc/self/exe", argv);  // returns only if it failed: run on with the default policy
+// 1,000 polls keeps 95% of the quiet speed and most of the gain under load. Whether cabm sets it:
+// when the user has chosen none (neither GOMP_SPINCOUNT nor OMP_WAIT_POLICY is set).
+bool limit_openmp_spinning() {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr) return false;
+  return setenv("GOMP_SPINCOUNT", "1000", 1) == 0;
+}
+
+// OpenBLAS's generic kernels on a CPU that its release does not know (kernels/openblas_core.h):
+// the kernels of the CPU's SIMD set instead, when the user has not named a core. Whether cabm
+// sets OPENBLAS_CORETYPE.
+bool request_openblas_core() {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return false;
+  const cabm::SimdIsa isa = cabm::cpu_supports(cabm::SimdIsa::kAvx512) ? cabm::SimdIsa::kAvx512
+                            : cabm::cpu_supports(cabm::SimdIsa::kAvx2) ? cabm::SimdIsa::kAvx2
+                                                                       : cabm::SimdIsa::kPortable;
+  const char* core = cabm::openblas_core_to_request(cabm::openblas_core(), isa);
+  return core != nullptr && setenv("OPENBLAS_CORETYPE", core, 1) == 0;
+}
+
+// Whether this process was started by naming the dynamic loader (ld-linux-x86-64.so.2 --library-path
+// DIR cabm ..., scripts/cpu_check_run.sh): /proc/self/exe is then the loader, which executed again
+// would not find cabm in argv.
+bool started_through_loader() {
+  std::error_code error;
+  const std::string exe = std::filesystem::read_symlink("/proc/self/exe", error).filename().string();
+  return error || exe.rfind("ld-", 0) == 0;
+}
+
+// libgomp and OpenBLAS read their settings once, when they are loaded: to change one, cabm sets
+// it and executes itself again, once (the variables are set then). Not where threads are to be
+// bound (openmp_binding_requested).
+void choose_load_time_settings(char** argv) {
+  if (openmp_binding_requested() || started_through_loader()) return;
+  const bool spin = limit_openmp_spinning();
+  const bool blas = request_openblas_core();
+  if (spin || blas) execv("/proc/self/exe", argv);  // returns only if it failed: run on as loaded
 }
 
 // In a data-parallel run (mpirun -np K), which process failed; "" otherwise.
@@ -70,7 +100,7 @@ int end_job(int status) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  limit_openmp_spinning(argv);
+  choose_load_time_settings(argv);
   CLI::App app{"cabm: self-attention and Transformer encoders in C++"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "cabm 0.1.0");

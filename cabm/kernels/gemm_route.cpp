@@ -2,6 +2,7 @@
 
 #include "cabm/core/error.h"
 #include "cabm/kernels/machine_wisdom.h"
+#include "cabm/kernels/openblas_core.h"
 
 #include <atomic>
 #include <cstdlib>
@@ -191,9 +192,12 @@ GemmLibrary gemm_route(const GemmShape& shape, const GemmTrial& trial) {
 std::vector<GemmRouteDecision> gemm_route_decisions() { return router().decisions(); }
 
 std::string gemm_route_summary() {
-  if (const auto pin = router().pin()) return "gemm routes: every product on " + gemm_library_name(*pin) + " (pinned)";
+  // Which OpenBLAS kernels the OpenBLAS times came from (kernels/openblas_core.h).
+  const std::string kernels = "; OpenBLAS runs its " + openblas_core() + " kernels";
+  if (const auto pin = router().pin())
+    return "gemm routes: every product on " + gemm_library_name(*pin) + " (pinned)" + kernels;
   const auto decisions = gemm_route_decisions();
-  if (decisions.empty()) return "gemm routes: every product on oneDNN (none large enough to time)";
+  if (decisions.empty()) return "gemm routes: every product on oneDNN (none large enough to time)" + kernels;
   int64_t timed = 0;
   std::string list;
   for (const auto& d : decisions) {
@@ -201,8 +205,8 @@ std::string gemm_route_summary() {
     list += fmt::format("{}{} -> {}", list.empty() ? "" : "; ", d.key, gemm_library_name(d.library));
     if (!d.from_wisdom) list += fmt::format(" ({:.3g} vs {:.3g} ms)", d.onednn_seconds * 1e3, d.openblas_seconds * 1e3);
   }
-  return fmt::format("gemm routes ({} timed here, {} from {}; oneDNN vs OpenBLAS): {}", timed,
-                     static_cast<int64_t>(decisions.size()) - timed, wisdom::path(), list);
+  return fmt::format("gemm routes ({} timed here, {} from {}; oneDNN vs OpenBLAS): {}{}", timed,
+                     static_cast<int64_t>(decisions.size()) - timed, wisdom::path(), list, kernels);
 }
 
 void set_gemm_library_override(std::optional<GemmLibrary> library) { router().set_pin(library); }

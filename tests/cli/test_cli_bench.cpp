@@ -4,6 +4,7 @@
 #include "cabm/kernels/bf16.h"
 #include "cabm/kernels/cpu_isa.h"
 #include "cabm/kernels/machine_wisdom.h"
+#include "cabm/kernels/openblas_core.h"
 #include "cabm/nn/causal_lm.h"
 #include "cabm/nn/parameters.h"
 #include "cabm/train/lm_trainer.h"
@@ -154,11 +155,19 @@ TEST(CliBench, MachineValuesFromTheWisdomFile) {
     const char* suite = std::getenv("CABM_GEMM_WISDOM");  // the test suite's file
     const std::string saved = suite ? suite : "";
     ::setenv("CABM_GEMM_WISDOM", file.c_str(), 1);
+    // This process's OpenBLAS kernels for cabm's too: they are part of the machine's name.
+    const char* blas = std::getenv("OPENBLAS_CORETYPE");
+    const std::string saved_blas = blas ? blas : "";
+    ::setenv("OPENBLAS_CORETYPE", openblas_core().c_str(), 1);
     const CmdResult r = cabm("bench attention --n 64 --d 16 --masks none --repeats 1 --json --precision both");
     if (suite)
       ::setenv("CABM_GEMM_WISDOM", saved.c_str(), 1);
     else
       ::unsetenv("CABM_GEMM_WISDOM");
+    if (blas)
+      ::setenv("OPENBLAS_CORETYPE", saved_blas.c_str(), 1);
+    else
+      ::unsetenv("OPENBLAS_CORETYPE");
     EXPECT_EQ(r.status, 0) << r.err;
     return r.status == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
   };
@@ -175,6 +184,20 @@ TEST(CliBench, MachineValuesFromTheWisdomFile) {
   EXPECT_TRUE(contains(values, "vdpbf16ps_to_fma_rate 0.5 (from the file)")) << values;
   EXPECT_EQ(one.value("bf16_path", ""), std::string(simd_isa() == SimdIsa::kAvx512 ? "avx512" : "avx2") + "_fp32");
   EXPECT_EQ(two.value("bf16_path", ""), "avx512_bf16");
+}
+
+// The CLI asks OpenBLAS for the kernels of the CPU's SIMD set where OpenBLAS took its generic
+// ones (cli/main.cpp, kernels/openblas_core.h), unless OPENBLAS_CORETYPE is set; the routes line
+// names the kernels that ran.
+TEST(CliBench, OpenBlasRunsTheKernelsOfTheCpu) {
+  const CmdResult r = cabm("bench layer --batch 1 --seq-len 8 --d-model 16 --heads 2 --d-ff 32 --repeats 1");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const SimdIsa best = cpu_supports(SimdIsa::kAvx512) ? SimdIsa::kAvx512
+                       : cpu_supports(SimdIsa::kAvx2) ? SimdIsa::kAvx2
+                                                      : SimdIsa::kPortable;
+  const char* asked = std::getenv("OPENBLAS_CORETYPE") ? nullptr : openblas_core_to_request(openblas_core(), best);
+  const std::string expected = asked != nullptr ? asked : openblas_core();
+  EXPECT_TRUE(contains(r.out, "; OpenBLAS runs its " + expected + " kernels")) << r.out;
 }
 
 TEST(CliBench, BadFlags) {

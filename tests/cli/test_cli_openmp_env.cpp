@@ -4,6 +4,8 @@
 // binds the first thread when it is loaded, and a second image would inherit that one CPU. Seen
 // through OMP_DISPLAY_ENV, which libgomp prints once per loaded image ("OPENMP DISPLAY ENVIRONMENT
 // BEGIN", the OpenMP specification's words) with the places it will bind to.
+#include "cabm/kernels/cpu_isa.h"
+#include "cabm/kernels/openblas_core.h"
 #include "util/test_util.h"
 
 #include <sched.h>
@@ -15,12 +17,15 @@ namespace cabm {
 namespace {
 
 // stdout and stderr of `cabm --version` run with OMP_DISPLAY_ENV=true, the OpenMP variables this
-// file is about cleared and then `assignments` (VAR=value ...) set.
-std::string version_with_env(const std::string& assignments) {
+// file is about cleared and then `assignments` (VAR=value ...) set. OPENBLAS_CORETYPE names the
+// kernels this process's OpenBLAS runs, so that cabm never runs again for OpenBLAS's sake
+// (kernels/openblas_core.h), unless `name_blas_kernels` is false (then it is cleared).
+std::string version_with_env(const std::string& assignments, bool name_blas_kernels = true) {
   const std::string out = test::temp_dir() + "/openmp_env.txt";
+  const std::string blas = name_blas_kernels ? "OPENBLAS_CORETYPE=" + openblas_core() : "";
   const std::string cmd =
-      "env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY -u OMP_PROC_BIND -u OMP_PLACES -u "
-      "GOMP_CPU_AFFINITY OMP_DISPLAY_ENV=true " +
+      "env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY -u OMP_PROC_BIND -u OMP_PLACES -u GOMP_CPU_AFFINITY " +
+      std::string(name_blas_kernels ? "" : "-u OPENBLAS_CORETYPE ") + "OMP_DISPLAY_ENV=true " + blas + " " +
       assignments + " " + test::cabm_binary() + " --version >" + out + " 2>&1 </dev/null";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
   return test::read_file(out);
@@ -52,6 +57,19 @@ TEST(CliOpenmpEnv, SetsTheSpinCountByRunningAgain) {
 TEST(CliOpenmpEnv, LeavesAChosenWaitPolicyAlone) {
   EXPECT_EQ(count(version_with_env("GOMP_SPINCOUNT=300000"), kBegin), 1);
   EXPECT_EQ(count(version_with_env("OMP_WAIT_POLICY=active"), kBegin), 1);
+}
+
+// The same once for OpenBLAS's kernels, where OpenBLAS took its generic ones on a CPU that runs
+// better (kernels/openblas_core.h): one image more, never a loop.
+TEST(CliOpenmpEnv, RunsAgainOnceForOpenBlasKernels) {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr)
+    GTEST_SKIP() << "OPENBLAS_CORETYPE is set here: OpenBLAS's own choice is not known";
+  const SimdIsa best = cpu_supports(SimdIsa::kAvx512) ? SimdIsa::kAvx512
+                       : cpu_supports(SimdIsa::kAvx2) ? SimdIsa::kAvx2
+                                                      : SimdIsa::kPortable;
+  const int images = openblas_core_to_request(openblas_core(), best) != nullptr ? 2 : 1;
+  EXPECT_EQ(count(version_with_env("GOMP_SPINCOUNT=300000", false), kBegin), images);
+  EXPECT_EQ(count(version_with_env("", false), kBegin), 2);  // both at once: one image more
 }
 
 TEST(CliOpenmpEnv, KeepsEveryCpuWhenThreadsAreBound) {
