@@ -15,6 +15,11 @@
 #    bench_fp32_ceiling.log (the fp32 micro-kernel and oneDNN's sgemm against the FMA loop, one core).
 # CHECK_SECONDS (default 480) bounds the whole run: a step that would start after it is skipped,
 # and says so.
+# CHECK_EMULATOR runs every executable under an emulator instead, e.g. "qemu-x86_64 -cpu Haswell"
+# (scripts/emulated_cpu_check.sh): the tests, on the CPU the emulator models, CHECK_JOBS at a time
+# (default: the cores here) with CHECK_TEST_SECONDS each (default 600; 5400 emulated), then two
+# training steps of the CLI in fp32 and bf16 (cli.log); the measurements are skipped (an
+# emulator's timings say nothing about a CPU).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 results=${1:-${OUT:-$PWD/cpu_check_results}}
@@ -29,21 +34,27 @@ time_left() {
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 tar xzf "$here/bundle.tar.gz" -C "$work" || { echo "cannot unpack $here/bundle.tar.gz"; exit 1; }
-loader=("$work/lib/ld-linux-x86-64.so.2" --library-path "$work/lib")
-# cabm sets GOMP_SPINCOUNT and executes /proc/self/exe again when neither it nor OMP_WAIT_POLICY
-# is set; started through the loader, /proc/self/exe is the loader. Set it here (cabm's value).
+read -r -a emulator <<<"${CHECK_EMULATOR:-}"
+loader=("${emulator[@]}" "$work/lib/ld-linux-x86-64.so.2" --library-path "$work/lib")
+# cabm sets GOMP_SPINCOUNT (and OPENBLAS_CORETYPE where OpenBLAS does not know the CPU) and
+# executes /proc/self/exe again; started through the loader, /proc/self/exe is the loader and cabm
+# does not. Set the spin count here (cabm's value); OpenBLAS keeps the kernels it chooses.
 export GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-1000}
+# The run's own wisdom file (GEMM routes, machine values): the check measures this machine afresh
+# and leaves the machine's file alone (under an emulator, whose timings must not land in it).
+export CABM_GEMM_WISDOM="$work/wisdom.tsv"
 "${loader[@]}" "$work/bin/cabm" --version >/dev/null || { echo "the bundled loader cannot run cabm here"; exit 1; }
 
 {
   echo "bundle commit: $(cat "$work/commit")"
   date -u
   uname -srm
+  [ ${#emulator[@]} -eq 0 ] || echo "EMULATED: every executable ran under '${emulator[*]}'; lscpu below is the host's"
   lscpu
   echo "ISA flags cabm chooses by: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' |
     grep -E '^(avx2|fma|avx512f|avx512_bf16|amx_tile|amx_bf16)$' | tr '\n' ' ')"
 } >"$results/cpu.txt" 2>&1
-grep -E "Model name|ISA flags" "$results/cpu.txt"
+grep -E "^EMULATED|Model name|ISA flags" "$results/cpu.txt"
 
 # Two threads on two distinct cores (issue 12's measurements are for two threads).
 cpus=$(lscpu -p=CPU,CORE 2>/dev/null | grep -v '^#' | awk -F, '!seen[$2]++ {print $1}' | head -2 | paste -sd, -)
@@ -52,12 +63,17 @@ pin1=()
 if [ -n "$cpus" ] && taskset -c "$cpus" true 2>/dev/null; then pin=(taskset -c "$cpus") pin1=(taskset -c "${cpus%%,*}"); fi
 echo "benchmarks on cpus ${cpus:-any} (${pin[*]:-not pinned})"
 
-# 2. Tests: each executable chooses its own thread counts (1 and 2).
+# 2. Tests: each executable chooses its own thread counts (1 and 2). Natively all at once; under an
+# emulator (tens of times slower) CHECK_JOBS at a time, so that a timeout measures one test and not
+# the crowd it shares the cores with.
 mkdir -p "$work/tests"
+if [ ${#emulator[@]} -eq 0 ]; then jobs_max=${CHECK_JOBS:-1000} test_seconds=${CHECK_TEST_SECONDS:-600}
+else jobs_max=${CHECK_JOBS:-$(nproc)} test_seconds=${CHECK_TEST_SECONDS:-5400}; fi
 for t in "$work"/bin/test_*; do
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
   name=$(basename "$t")
   (
-    timeout 600 "${loader[@]}" "$t" >"$work/tests/$name.log" 2>&1
+    timeout "$test_seconds" "${loader[@]}" "$t" >"$work/tests/$name.log" 2>&1
     echo "== $name exit $?" >>"$work/tests/$name.log"
   ) &
 done
@@ -72,6 +88,23 @@ wait
 cat "$work"/tests/*.log | gzip >"$results/tests_full.log.gz"
 echo "tests done at $(elapsed) s: $(grep -c -E 'exit 0$' "$results/tests.log") of $(ls "$work"/bin/test_* | wc -l) executables passed"
 
+if [ ${#emulator[@]} -gt 0 ]; then
+  # The CLI end to end instead (the tests leave it out): two training steps, fp32 and bf16, on a
+  # text made here; cli.log keeps their output.
+  yes "cabm checks its kernels on a CPU it was not built on, one step at a time." | head -c 100000 >"$work/text.txt"
+  for precision in fp32 bf16; do
+    echo "== cabm train --precision $precision"
+    timeout "$test_seconds" "${loader[@]}" "$work/bin/cabm" train --data "$work/text.txt" --precision "$precision" \
+      --steps 2 --eval-interval 0 --eval-windows 4 --sample-tokens 0 --threads 2 --out "$work/run_$precision" 2>&1 |
+      grep -v "^qemu-x86_64: warning"
+    echo "== exit ${PIPESTATUS[0]}"
+  done >"$results/cli.log"
+  grep -E "^== |validation loss" "$results/cli.log"
+  echo "skipped (emulated CPU, timings mean nothing there): the measurements" | tee -a "$results/skipped.log"
+  echo "done at $(elapsed) s; results in $results"
+  exit 0
+fi
+
 # 3. Measurements, two threads.
 export OMP_NUM_THREADS=2 CABM_NUM_THREADS=2
 cabm=("${pin[@]}" "${loader[@]}" "$work/bin/cabm")
@@ -79,7 +112,7 @@ time_left "bench attention" &&
   timeout 300 "${cabm[@]}" bench attention --n 4096 --d 64 128 --masks none causal --backward --precision both \
     --repeats 3 --threads 2 >"$results/bench_attention.log" 2>&1
 time_left "bench_gemm_libraries" &&
-  CABM_GEMM_WISDOM="$work/wisdom.tsv" timeout 200 "${pin[@]}" "${loader[@]}" "$work/bin/bench_gemm_libraries" \
+  timeout 200 "${pin[@]}" "${loader[@]}" "$work/bin/bench_gemm_libraries" \
     >"$results/bench_gemm.log" 2>&1
 time_left "bench train" &&
   timeout 200 "${cabm[@]}" bench train --layers 6 --d-model 256 --heads 8 --d-ff 1024 --seq-len 128 \

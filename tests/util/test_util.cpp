@@ -164,4 +164,19 @@ void expect_one_line_error(const CmdResult& r, const std::string& needle) {
   EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
 }
 
+bool address_limits_take_effect() {
+  static const bool takes = [] {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      constexpr rlim_t kLimit = rlim_t{1} << 30;
+      const rlimit set{kLimit, kLimit};
+      rlimit got{};
+      _exit(setrlimit(RLIMIT_AS, &set) == 0 && getrlimit(RLIMIT_AS, &got) == 0 && got.rlim_cur == kLimit ? 0 : 1);
+    }
+    int raw = 0;
+    return pid > 0 && waitpid(pid, &raw, 0) == pid && WIFEXITED(raw) && WEXITSTATUS(raw) == 0;
+  }();
+  return takes;
+}
+
 }  // namespace cabm::test

@@ -26,12 +26,19 @@ inline constexpr bool kAddressSanitizer = false;
 #else
 inline constexpr bool kAddressSanitizer = false;
 #endif
-#define CABM_SKIP_WITHOUT_ADDRESS_LIMITS()                                                          \
-  do {                                                                                              \
-    if (::cabm::test::kAddressSanitizer)                                                            \
+#define CABM_SKIP_WITHOUT_ADDRESS_LIMITS()                                                         \
+  do {                                                                                             \
+    if (::cabm::test::kAddressSanitizer)                                                           \
       GTEST_SKIP() << "needs an address-space limit (RLIMIT_AS), which AddressSanitizer's shadow " \
-                      "memory rules out; the release build runs it";                                \
+                      "memory rules out; the release build runs it";                               \
+    if (!::cabm::test::address_limits_take_effect())                                               \
+      GTEST_SKIP() << "needs an address-space limit (RLIMIT_AS), which this process cannot set "   \
+                      "(an emulator such as qemu-x86_64 ignores it)";                              \
   } while (0)
+
+// Whether a child process that sets RLIMIT_AS reads the limit back (qemu's user-mode emulator,
+// scripts/emulated_cpu_check.sh, accepts the call and ignores it).
+bool address_limits_take_effect();
 
 // Uniform in [lo, hi), deterministic in seed.
 Tensor random_tensor(const Shape& shape, uint64_t seed, float lo = -1.0f, float hi = 1.0f);
