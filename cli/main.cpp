@@ -56,9 +56,7 @@ bool limit_openmp_spinning() {
 // sets OPENBLAS_CORETYPE.
 bool request_openblas_core() {
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return false;
-  const cabm::SimdIsa isa = cabm::cpu_supports(cabm::SimdIsa::kAvx512) ? cabm::SimdIsa::kAvx512
-                            : cabm::cpu_supports(cabm::SimdIsa::kAvx2) ? cabm::SimdIsa::kAvx2
-                                                                       : cabm::SimdIsa::kPortable;
+  const cabm::SimdIsa isa = cabm::widest_simd_isa();
   const char* core = cabm::openblas_core_to_request(cabm::openblas_core(), isa);
   return core != nullptr && setenv("OPENBLAS_CORETYPE", core, 1) == 0;
 }

@@ -24,16 +24,10 @@ namespace {
 // -1: no override; else the SimdIsa value.
 std::atomic<int> g_override{-1};
 
-SimdIsa widest_supported() {
-  if (cpu_supports(SimdIsa::kAvx512)) return SimdIsa::kAvx512;
-  if (cpu_supports(SimdIsa::kAvx2)) return SimdIsa::kAvx2;
-  return SimdIsa::kPortable;
-}
-
 // CABM_SIMD_ISA, read once; an unknown or unsupported value is a usage error naming the variable.
 SimdIsa from_environment() {
   const char* env = std::getenv("CABM_SIMD_ISA");
-  if (env == nullptr || *env == '\0') return widest_supported();
+  if (env == nullptr || *env == '\0') return widest_simd_isa();
   const std::string_view name(env);
   for (SimdIsa isa : {SimdIsa::kPortable, SimdIsa::kAvx2, SimdIsa::kAvx512}) {
     if (name != simd_isa_name(isa)) continue;
@@ -62,6 +56,12 @@ bool cpu_supports(SimdIsa isa) {
 #else
   return isa == SimdIsa::kPortable;
 #endif
+}
+
+SimdIsa widest_simd_isa() {
+  if (cpu_supports(SimdIsa::kAvx512)) return SimdIsa::kAvx512;
+  if (cpu_supports(SimdIsa::kAvx2)) return SimdIsa::kAvx2;
+  return SimdIsa::kPortable;
 }
 
 SimdIsa simd_isa() {

@@ -22,6 +22,9 @@ enum class SimdIsa { kPortable, kAvx2, kAvx512 };
 // __builtin_cpu_supports reports them). kPortable: always.
 bool cpu_supports(SimdIsa isa);
 
+// The widest set cpu_supports(), whatever the override or CABM_SIMD_ISA say.
+SimdIsa widest_simd_isa();
+
 // The set the dispatched kernels use now: the override, else CABM_SIMD_ISA, else the widest that
 // cpu_supports().
 SimdIsa simd_isa();

@@ -192,9 +192,7 @@ TEST(CliBench, MachineValuesFromTheWisdomFile) {
 TEST(CliBench, OpenBlasRunsTheKernelsOfTheCpu) {
   const CmdResult r = cabm("bench layer --batch 1 --seq-len 8 --d-model 16 --heads 2 --d-ff 32 --repeats 1");
   ASSERT_EQ(r.status, 0) << r.err;
-  const SimdIsa best = cpu_supports(SimdIsa::kAvx512) ? SimdIsa::kAvx512
-                       : cpu_supports(SimdIsa::kAvx2) ? SimdIsa::kAvx2
-                                                      : SimdIsa::kPortable;
+  const SimdIsa best = widest_simd_isa();
   const char* asked = std::getenv("OPENBLAS_CORETYPE") ? nullptr : openblas_core_to_request(openblas_core(), best);
   const std::string expected = asked != nullptr ? asked : openblas_core();
   EXPECT_TRUE(contains(r.out, "; OpenBLAS runs its " + expected + " kernels")) << r.out;

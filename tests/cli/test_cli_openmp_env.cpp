@@ -64,9 +64,7 @@ TEST(CliOpenmpEnv, LeavesAChosenWaitPolicyAlone) {
 TEST(CliOpenmpEnv, RunsAgainOnceForOpenBlasKernels) {
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr)
     GTEST_SKIP() << "OPENBLAS_CORETYPE is set here: OpenBLAS's own choice is not known";
-  const SimdIsa best = cpu_supports(SimdIsa::kAvx512) ? SimdIsa::kAvx512
-                       : cpu_supports(SimdIsa::kAvx2) ? SimdIsa::kAvx2
-                                                      : SimdIsa::kPortable;
+  const SimdIsa best = widest_simd_isa();
   const int images = openblas_core_to_request(openblas_core(), best) != nullptr ? 2 : 1;
   EXPECT_EQ(count(version_with_env("GOMP_SPINCOUNT=300000", false), kBegin), images);
   EXPECT_EQ(count(version_with_env("", false), kBegin), 2);  // both at once: one image more
