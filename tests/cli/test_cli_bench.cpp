@@ -174,9 +174,13 @@ TEST(CliBench, MachineValuesFromTheWisdomFile) {
   const nlohmann::json one = run(1, 0.5), two = run(2, 2);
   const std::string values = one.value("machine_values", "");
   EXPECT_TRUE(contains(values, file)) << values;
-  if (cpu_supports(SimdIsa::kAvx512)) {
+  // The FMA pipes are read only where they could choose the fp32 tiles: flash.cpp's rule looks at
+  // the L1d first, and on a 32 KiB one (Zen 3, Zen 4) the value decides nothing and is not named.
+  if (cpu_supports(SimdIsa::kAvx512) && cpu_l1d_bytes() >= (int64_t{48} << 10)) {
     EXPECT_TRUE(contains(values, "avx512_fmas_per_cycle 1 (from the file)")) << values;
     EXPECT_TRUE(contains(two.value("machine_values", ""), "avx512_fmas_per_cycle 2 (from the file)"));
+  } else {
+    EXPECT_FALSE(contains(values, "avx512_fmas_per_cycle")) << values;
   }
   if (!cpu_has_avx512_bf16() || cpu_has_amx_bf16())
     GTEST_SKIP() << "the vdpbf16ps rate chooses nothing on this CPU (AVX512_BF16 "
