@@ -38,6 +38,9 @@ done
 # here, hours under the emulator) test arithmetic that the native runs test, not the dispatch.
 export GTEST_FILTER=${GTEST_FILTER:--*OverAllFloats}
 bash scripts/cpu_check_bundle.sh "$build" "$out/bundle"
+# Every function, and not only the paths the tests run, before hours of emulation: no AVX or
+# AVX-512 code outside the dispatched variants (the bundle's copies are stripped: the build's).
+python3 scripts/isa_scan.py "$build/cabm" "$build"/tests/test_*
 for cpu in "${cpus[@]}"; do
   echo "== $cpu"
   CHECK_EMULATOR="qemu-x86_64 -cpu $cpu" bash "$out/bundle/run.sh" "$out/$cpu"

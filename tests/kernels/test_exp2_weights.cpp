@@ -42,7 +42,7 @@ TEST(Exp2Weights, ScalarWithinItsBoundOfExp2) {
 }
 
 #if defined(CABM_HAVE_AVX512_BF16_CODE)
-CABM_AVX512_BF16 void exp2_weights16(const float* in, float* out) {
+CABM_AVX512_BF16 void exp2_weights16_avx512(const float* in, float* out) {
   _mm512_storeu_ps(out, detail::exp2_weights(_mm512_loadu_ps(in)));
 }
 #endif
@@ -52,7 +52,7 @@ TEST(Exp2Weights, VectorEqualsScalarBitForBit) {
   if (!cpu_has_avx512_bf16()) GTEST_SKIP() << "this CPU (or OS) has no AVX-512 BF16: the vector weights are not used";
   const std::vector<float> xs = test::exp2_weight_arguments();
   std::vector<float> got(xs.size());
-  for (size_t i = 0; i < xs.size(); i += 16) exp2_weights16(&xs[i], &got[i]);
+  for (size_t i = 0; i < xs.size(); i += 16) exp2_weights16_avx512(&xs[i], &got[i]);
   for (size_t i = 0; i < xs.size(); ++i) {
     const float expected = detail::exp2_weight(xs[i]);
     EXPECT_EQ(std::memcmp(&got[i], &expected, 4), 0)

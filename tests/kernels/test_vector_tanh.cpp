@@ -29,7 +29,7 @@ int64_t ulps(float a, float b) {
 }
 
 #if defined(CABM_HAVE_AVX512_VARIANTS)
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) void tanh16(const float* in, float* out) {
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) void tanh16_avx512(const float* in, float* out) {
   _mm512_storeu_ps(out, detail::tanh_avx512(_mm512_loadu_ps(in)));
 }
 #endif
@@ -44,7 +44,7 @@ TEST(Bf16VariantsTanh, WithinTwoUlpsOfStdTanh) {
   for (size_t i = 0; i < n; ++i) xs.push_back(-xs[i]);
   while (xs.size() % 16) xs.push_back(0.5f);
   std::vector<float> got(xs.size());
-  for (size_t i = 0; i < xs.size(); i += 16) tanh16(&xs[i], &got[i]);
+  for (size_t i = 0; i < xs.size(); i += 16) tanh16_avx512(&xs[i], &got[i]);
   int64_t worst = 0;
   for (size_t i = 0; i < xs.size(); ++i) {
     const float expected = std::tanh(xs[i]);
