@@ -37,7 +37,7 @@ EVEX = re.compile(r"%zmm|%[xy]mm(1[6-9]|2[0-9]|3[01])\b|%k[0-7]\b|vdpbf16ps|vcvt
 VEX = re.compile(r"^v[a-z0-9]+\b|%ymm")
 # Names of the dispatched variants: an ISA in the name or namespace (the per-set namespaces of
 # simd_set_*_begin.h, gelu_avx512::, *_avx2 and *_avx512 functions, the AMX code)...
-ISA_MARKER = re.compile(r"avx2|avx512|amx|fma_loop|Avx2|Avx512|Amx|Vdpbf16ps|vdpbf16ps_loop|"
+ISA_MARKER = re.compile(r"avx2|avx512|amx|Avx2|Avx512|Amx|Vdpbf16ps|vdpbf16ps_loop|"
                         r"HardwareTiles|EmulatedTiles")
 # ...and the vdpbf16ps kernels whose names do not say it (CABM_AVX512_BF16, bf16_avx512.h and
 # flash_bf16_backward.cpp).
