@@ -1,6 +1,7 @@
 // `cabm bench attention` and `cabm memory` end to end on tiny cases: the text table, the JSON
 // form, the memory estimate against the model's own parameter list, and bad flags (one line on
 // stderr, non-zero exit).
+#include "cabm/kernels/attention/flash.h"
 #include "cabm/kernels/bf16.h"
 #include "cabm/kernels/cpu_isa.h"
 #include "cabm/kernels/machine_wisdom.h"
@@ -176,7 +177,7 @@ TEST(CliBench, MachineValuesFromTheWisdomFile) {
   EXPECT_TRUE(contains(values, file)) << values;
   // The FMA pipes are read only where they could choose the fp32 tiles: flash.cpp's rule looks at
   // the L1d first, and on a 32 KiB one (Zen 3, Zen 4) the value decides nothing and is not named.
-  if (cpu_supports(SimdIsa::kAvx512) && cpu_l1d_bytes() >= (int64_t{48} << 10)) {
+  if (cpu_supports(SimdIsa::kAvx512) && cpu_l1d_bytes() >= kFlashSquareTilesMinL1dBytes) {
     EXPECT_TRUE(contains(values, "avx512_fmas_per_cycle 1 (from the file)")) << values;
     EXPECT_TRUE(contains(two.value("machine_values", ""), "avx512_fmas_per_cycle 2 (from the file)"));
   } else {

@@ -157,7 +157,8 @@ TEST(Flash, DefaultTiles) {
   };
   for (SimdIsa isa : test::runnable_isas("tiled attention")) {
     const test::ScopedSimdIsa pin(isa);
-    const bool square_fp32 = isa == SimdIsa::kAvx512 && cpu_l1d_bytes() >= 48 * 1024 && avx512_fmas_per_cycle() >= 1.5;
+    const bool square_fp32 = isa == SimdIsa::kAvx512 && cpu_l1d_bytes() >= kFlashSquareTilesMinL1dBytes &&
+                             avx512_fmas_per_cycle() >= kFlashSquareTilesMinFmasPerCycle;
     for (const AttentionOptions* o : {&none, &causal}) {
       for (int64_t d : {32, 64, 128}) {
         const std::vector<int64_t> forward = {d > 64 ? 32 : 64, 192}, backward = {96, 96}, square = {64, 64};

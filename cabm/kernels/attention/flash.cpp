@@ -46,7 +46,7 @@ void flash_backward(const AttentionSaved& saved, const Tensor& dout, const Atten
 }  // namespace
 
 bool flash_square_fp32_tiles() {
-  return cpu_l1d_bytes() >= (int64_t{48} << 10) && avx512_fmas_per_cycle() >= 1.5;
+  return cpu_l1d_bytes() >= kFlashSquareTilesMinL1dBytes && avx512_fmas_per_cycle() >= kFlashSquareTilesMinFmasPerCycle;
 }
 
 const char* flash_isa() {

@@ -63,8 +63,11 @@ void attention_flash_backward(const AttentionSaved& saved, const Tensor& dout, c
 // BF16 (the bf16 kernels' paths that take these tiles, which keep their own measured defaults).
 FlashConfig flash_resolved_config(const FlashConfig& config, const AttentionOptions& options, int64_t d, int64_t n,
                                   bool backward, DType dtype = DType::F32);
-// Whether this CPU's cores take 64 × 64 fp32 tiles on the avx512 set: a 48 KiB L1d or more and
-// two 512-bit FMA pipes (cpu_isa.h: cpu_l1d_bytes, avx512_fmas_per_cycle ≥ 1.5); see the .cpp.
+// Whether this CPU's cores take 64 × 64 fp32 tiles on the avx512 set: an L1d of at least
+// kFlashSquareTilesMinL1dBytes and at least kFlashSquareTilesMinFmasPerCycle 512-bit FMAs per cycle
+// (cpu_isa.h: cpu_l1d_bytes, avx512_fmas_per_cycle); the L1d is checked first. See the .cpp.
+inline constexpr int64_t kFlashSquareTilesMinL1dBytes = int64_t{48} << 10;
+inline constexpr double kFlashSquareTilesMinFmasPerCycle = 1.5;
 bool flash_square_fp32_tiles();
 
 // Whether attention_flash_forward / _backward (and the bf16 SIMD path, the same bodies over bf16
