@@ -119,6 +119,17 @@ struct Bf16Key {
 
 constexpr const char* kFallbackName = "fp32 sgemm (converted)";
 
+}  // namespace
+
+bool onednn_multiplies_bf16() {
+  // dnnl_cpu_isa_t is a set of feature bits: avx512_core_bf16's are in amx's too.
+  static const bool yes = (static_cast<unsigned>(dnnl_get_effective_cpu_isa()) & dnnl_cpu_isa_avx512_core_bf16) ==
+                          static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
+  return yes;
+}
+
+namespace {
+
 struct Bf16Plan {
   Bf16Key key;
   dnnl::matmul::primitive_desc pd;
@@ -181,6 +192,7 @@ class Bf16PlanCache {
   }
 
   static Bf16Plan create(const Bf16Key& k) {
+    if (!onednn_multiplies_bf16()) return {k, {}, {}, true, kFallbackName};
     using dt = dnnl::memory::data_type;
     using dims = dnnl::memory::dims;
     const dnnl::memory::desc a_md(dims{k.M, k.K}, dt::bf16, k.ta ? dims{1, k.lda} : dims{k.lda, 1});
@@ -203,7 +215,7 @@ class Bf16PlanCache {
       const dnnl::matmul::desc desc =
           k.bias ? dnnl::matmul::desc(a_md, b_md, bias_md(k.N), c_md) : dnnl::matmul::desc(a_md, b_md, c_md);
       pd = dnnl::matmul::primitive_desc(desc, attr, cpu_engine());
-    } catch (const dnnl::error&) {  // no bf16 matmul at all for this CPU (e.g. AVX2 only)
+    } catch (const dnnl::error&) {  // no bf16 matmul at all for this CPU
       return {k, {}, {}, true, kFallbackName};
     }
     std::string impl = pd.impl_info_str();
@@ -243,8 +255,8 @@ Bf16PlanCache& plan_cache() {
   return cache;
 }
 
-// Whether oneDNN has a bf16 matmul other than its reference loops on this CPU (not on AVX2-only
-// CPUs: its bf16 kernels need avx512_core), asked once for one plain shape outside the cache.
+// Whether oneDNN has a bf16 matmul other than its reference loops and its emulation on this CPU
+// (onednn_multiplies_bf16), asked once for one plain shape outside the cache.
 bool onednn_has_bf16_matmul() {
   static const bool has = !Bf16PlanCache::create({64, 64, 64, 64, 64, 64, false, false, 1.0f, 0.0f, false}).reference;
   return has;
@@ -395,7 +407,7 @@ std::string gemm_bf16_implementations_used() {
       out += (out.empty() ? "" : ", ") + std::string(kFallbackName) + ", " + why + " (" + std::to_string(n) +
              (n == 1 ? " product)" : " products)");
   };
-  count(g_converted_products, "no bf16 matmul in oneDNN here");
+  count(g_converted_products, "no bf16 units for oneDNN here");
   count(g_given_widened_products, "operands given widened");
   return out.empty() ? "none yet" : out;
 }

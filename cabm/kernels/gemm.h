@@ -46,16 +46,24 @@ struct MatrixRefBf16 {
 // alpha as its output scale, beta as a sum post-op, the bias as its bias: added as the product is
 // stored, where broadcasting it into c first cost a pass over c, 5% of a bf16 training step), one
 // primitive per (shape, strides, transposes, alpha, beta, bias or not), created on first use and
-// cached (thread-safe). Where oneDNN has only its reference implementation for bf16 (CPUs without
-// AVX-512: oneDNN's bf16 kernels need avx512_core at least), the operands are converted to fp32
-// (exactly) and multiplied by gemm(): the same math, a different summation order. So are they on
+// cached (thread-safe). Where oneDNN has no bf16 multiply instructions to run
+// (onednn_multiplies_bf16: CPUs without AVX512_BF16 or AMX-BF16), the operands are converted to
+// fp32 (exactly) and multiplied by gemm(): the same math, a different summation order. So are they on
 // CPUs with AVX512_BF16 but no AMX where vdpbf16ps does not outrun fp32 FMAs (bf16.h's
 // bf16_vdpbf16ps_active(); Intel Xeons without AMX), into per-thread buffers kept between calls.
 void gemm_bf16(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha = 1.0f,
                float beta = 0.0f, const float* bias = nullptr);
 
+// Whether oneDNN's bf16 matmul multiplies on bf16 units here: its effective ISA (the CPU's, or less
+// under ONEDNN_MAX_CPU_ISA) has AVX512_BF16 (vdpbf16ps) or AMX-BF16. Below that oneDNN has either
+// only its reference loops (AVX2 CPUs) or, on AVX-512 CPUs without BF16 (Intel's Skylake-SP to Ice
+// Lake server), a bf16 GEMM that widens its operands on the fly ("gemm:jit"), which ran the big
+// preset's training products at about 0.4x gemm()'s fp32 speed (docs/mixed_precision.md, session
+// 41): widening once and calling gemm() is faster there.
+bool onednn_multiplies_bf16();
+
 // Whether gemm_bf16 multiplies in fp32 on operands it first widens (exactly) to fp32: where
-// portable is forced, where oneDNN has no bf16 matmul (CPUs without AVX-512), and on CPUs with
+// portable is forced, where oneDNN has no bf16 multiply instructions (onednn_multiplies_bf16), and on CPUs with
 // AVX512_BF16 but no AMX where vdpbf16ps does not outrun fp32 FMAs. There, callers that keep
 // operands for products (the mixed-precision modules, cabm/nn/bf16_util.h) keep them as fp32
 // holding bf16 values and call gemm_bf16_widened, which saves the rounding to bf16 and the
@@ -79,10 +87,10 @@ std::string gemm_bf16_implementation(const MatrixRefBf16& a, const MatrixRefBf16
 // most recent shapes): "brg:avx512_core_amx_bf16 (27 shapes)", several implementations most shapes
 // first, then "fp32 sgemm (converted), portable forced (N products)" if products ran while
 // portable was forced, "fp32 sgemm (converted), no AMX, vdpbf16ps not faster than FMAs (N
-// products)" if they were widened for speed and "fp32 sgemm (converted), no bf16 matmul in oneDNN
-// here (N products)" for gemm_bf16_widened's products on CPUs without one ("operands given
-// widened" where there is one); or "none yet". oneDNN
-// picks per shape (on an AMX Xeon a 1 × 1 product takes avx512_core_bf16 and training's products
+// products)" if they were widened for speed and "fp32 sgemm (converted), no bf16 units for oneDNN
+// here (N products)" for gemm_bf16_widened's products where oneDNN has none
+// (onednn_multiplies_bf16; "operands given widened" where it has); or "none yet". oneDNN picks per
+// shape (on an AMX Xeon a 1 × 1 product takes avx512_core_bf16 and training's products
 // AMX), so benchmarks print this after their runs.
 std::string gemm_bf16_implementations_used();
 

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <vector>
@@ -232,6 +233,8 @@ TEST(Flash, ThreadCountsAgree) {
 TEST(Flash, SplitRunsGiveTheSameBitsForAnyThreadCount) {
   EXPECT_THROW(detail::set_backward_split_runs(detail::kMaxSplitRuns + 1), Error);
   EXPECT_GE(detail::backward_split_runs(), 1);
+  // Read by scripts/imitated_cpu_check.sh (many-cores) to see that the processor count it set took.
+  std::printf("backward split runs: %d (unpinned)\n", detail::backward_split_runs());
   for (const FlashCase& c : test::thread_count_cases()) {
     SCOPED_TRACE(describe(c));
     const test::Inputs in = test::random_inputs(c.s, c.seed, c.strided);

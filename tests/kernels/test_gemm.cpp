@@ -12,7 +12,10 @@
 #include "cabm/kernels/gemm_route.h"
 #include "util/test_util.h"
 
+#include <cctype>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -340,6 +343,47 @@ TEST(GemmBf16, ImplementationsUsedCountsTheShapesThatRan) {
 // libraries do not promise them (oneDNN's and OpenBLAS's AVX2 kernels sum K in other orders on 1
 // and 2 threads at this shape; session 40, natively with ONEDNN_MAX_CPU_ISA=AVX2 and
 // OPENBLAS_CORETYPE=Haswell, and on QEMU's Haswell and EPYC-Milan).
+// oneDNN multiplies bf16 only where its effective ISA has bf16 units (AVX512_BF16 or AMX-BF16).
+// Without them (AVX2 CPUs; AVX-512 CPUs without BF16; ONEDNN_MAX_CPU_ISA below AVX512_CORE_BF16, as
+// test_gemm_avx512_core_library sets) gemm_bf16 widens its operands and runs gemm(), bit for bit,
+// and says so, and the modules keep their operands widened (gemm_bf16_widens).
+TEST(GemmBf16, WidenedWhereOneDnnHasNoBf16Units) {
+  std::string limit = std::getenv("ONEDNN_MAX_CPU_ISA") ? std::getenv("ONEDNN_MAX_CPU_ISA") : "";
+  for (char& ch : limit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  const bool limited = limit == "SSE41" || limit == "AVX" || limit == "AVX2" || limit == "AVX2_VNNI" ||
+                       limit == "AVX512_CORE" || limit == "AVX512_CORE_VNNI";
+  const bool units = (cpu_has_avx512_bf16() || cpu_has_amx_bf16()) && !limited;
+  EXPECT_EQ(onednn_multiplies_bf16(), units) << "ONEDNN_MAX_CPU_ISA=" << limit;
+  const int64_t M = 33, K = 70, N = 45;
+  std::vector<float> a32(static_cast<size_t>(M * K)), b32(static_cast<size_t>(K * N));
+  for (size_t i = 0; i < a32.size(); ++i)
+    a32[i] = static_cast<float>(static_cast<int>(i * 2654435761u % 201) - 100) / 64;
+  for (size_t i = 0; i < b32.size(); ++i) b32[i] = static_cast<float>(static_cast<int>(i * 40503u % 199) - 99) / 32;
+  std::vector<bf16> a16(a32.size()), b16(b32.size());
+  float_to_bf16(a32.data(), a16.data(), static_cast<int64_t>(a32.size()));
+  float_to_bf16(b32.data(), b16.data(), static_cast<int64_t>(b32.size()));
+  bf16_to_float(a16.data(), a32.data(), static_cast<int64_t>(a32.size()));
+  bf16_to_float(b16.data(), b32.data(), static_cast<int64_t>(b32.size()));
+  const MatrixRefBf16 a{a16.data(), M, K, K}, b{b16.data(), K, N, N};
+  const std::string impl = gemm_bf16_implementation(a, b, N);
+  // Read by scripts/imitated_cpu_check.sh (no-bf16-onednn) to see that the limit it set took.
+  std::printf("oneDNN multiplies bf16 here: %s (%s)\n", units ? "yes" : "no", impl.c_str());
+  if (units) {
+    EXPECT_EQ(impl.rfind("fp32 sgemm (converted)", 0) == 0, gemm_bf16_widens()) << impl;
+    GTEST_SKIP() << "oneDNN multiplies bf16 here (" << impl << ")";
+  }
+  EXPECT_TRUE(gemm_bf16_widens());
+  EXPECT_EQ(impl.rfind("fp32 sgemm (converted)", 0), 0u) << impl;
+  for (int threads : {1, 2}) {
+    test::ScopedThreads scoped(threads);
+    std::vector<float> got(static_cast<size_t>(M * N), -7.0f), want(got.size(), -7.0f);
+    gemm_bf16(a, b, got.data(), N);
+    gemm({a32.data(), M, K, K}, {b32.data(), K, N, N}, want.data(), N);
+    EXPECT_EQ(got, want) << threads << " threads";
+  }
+  EXPECT_EQ(gemm_bf16_implementations_used().find("gemm:jit"), std::string::npos) << gemm_bf16_implementations_used();
+}
+
 TEST(GemmBf16, WidenedOperandsSpanSeveralBlocks) {
   set_bf16_isa_override(Bf16Isa::kPortable);  // the converted route (oneDNN only where it would emulate bf16)
   const int64_t M = 37, K = 9001, N = 43;     // A and B stored as 9001 rows: two blocks each
