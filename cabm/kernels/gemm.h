@@ -48,8 +48,8 @@ struct MatrixRefBf16 {
 // primitive per (shape, strides, transposes, alpha, beta, bias or not), created on first use and
 // cached (thread-safe). Where oneDNN has no bf16 multiply instructions to run
 // (onednn_multiplies_bf16: CPUs without AVX512_BF16 or AMX-BF16), the operands are converted to
-// fp32 (exactly) and multiplied by gemm(): the same math, a different summation order. So are they on
-// CPUs with AVX512_BF16 but no AMX where vdpbf16ps does not outrun fp32 FMAs (bf16.h's
+// fp32 (exactly) and multiplied by gemm(): the same math, a different summation order. So are they
+// on CPUs with AVX512_BF16 but no AMX where vdpbf16ps does not outrun fp32 FMAs (bf16.h's
 // bf16_vdpbf16ps_active(); Intel Xeons without AMX), into per-thread buffers kept between calls.
 void gemm_bf16(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t ldc, float alpha = 1.0f,
                float beta = 0.0f, const float* bias = nullptr);
@@ -63,10 +63,10 @@ void gemm_bf16(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t
 bool onednn_multiplies_bf16();
 
 // Whether gemm_bf16 multiplies in fp32 on operands it first widens (exactly) to fp32: where
-// portable is forced, where oneDNN has no bf16 multiply instructions (onednn_multiplies_bf16), and on CPUs with
-// AVX512_BF16 but no AMX where vdpbf16ps does not outrun fp32 FMAs. There, callers that keep
-// operands for products (the mixed-precision modules, cabm/nn/bf16_util.h) keep them as fp32
-// holding bf16 values and call gemm_bf16_widened, which saves the rounding to bf16 and the
+// portable is forced, where oneDNN has no bf16 multiply instructions (onednn_multiplies_bf16), and
+// on CPUs with AVX512_BF16 but no AMX where vdpbf16ps does not outrun fp32 FMAs. There, callers
+// that keep operands for products (the mixed-precision modules, cabm/nn/bf16_util.h) keep them as
+// fp32 holding bf16 values and call gemm_bf16_widened, which saves the rounding to bf16 and the
 // widening back (a Xeon without AMX: 9% of a bf16 training step's samples down to 2.4%, the step
 // from 0.84–0.87 to 0.97–0.98 of fp32's speed; docs/mixed_precision.md, session 37).
 bool gemm_bf16_widens();
