@@ -343,6 +343,26 @@ TEST(GemmBf16, ImplementationsUsedCountsTheShapesThatRan) {
 // libraries do not promise them (oneDNN's and OpenBLAS's AVX2 kernels sum K in other orders on 1
 // and 2 threads at this shape; session 40, natively with ONEDNN_MAX_CPU_ISA=AVX2 and
 // OPENBLAS_CORETYPE=Haswell, and on QEMU's Haswell and EPYC-Milan).
+// Two operands of bf16 values, as bf16 and widened (exactly) to fp32: a fixed pattern of integers
+// in [-spread/2, spread/2] over scale, rounded to bf16.
+struct Bf16Operands {
+  std::vector<float> a32, b32;
+  std::vector<bf16> a16, b16;
+};
+Bf16Operands bf16_operands(int64_t a_size, int64_t b_size, int a_spread, float a_scale, int b_spread, float b_scale) {
+  Bf16Operands o{std::vector<float>(static_cast<size_t>(a_size)), std::vector<float>(static_cast<size_t>(b_size)),
+                 std::vector<bf16>(static_cast<size_t>(a_size)), std::vector<bf16>(static_cast<size_t>(b_size))};
+  for (size_t i = 0; i < o.a32.size(); ++i)
+    o.a32[i] = static_cast<float>(static_cast<int>(i * 2654435761u % a_spread) - a_spread / 2) / a_scale;
+  for (size_t i = 0; i < o.b32.size(); ++i)
+    o.b32[i] = static_cast<float>(static_cast<int>(i * 40503u % b_spread) - b_spread / 2) / b_scale;
+  float_to_bf16(o.a32.data(), o.a16.data(), a_size);
+  float_to_bf16(o.b32.data(), o.b16.data(), b_size);
+  bf16_to_float(o.a16.data(), o.a32.data(), a_size);
+  bf16_to_float(o.b16.data(), o.b32.data(), b_size);
+  return o;
+}
+
 // oneDNN multiplies bf16 only where its effective ISA has bf16 units (AVX512_BF16 or AMX-BF16).
 // Without them (AVX2 CPUs; AVX-512 CPUs without BF16; ONEDNN_MAX_CPU_ISA below AVX512_CORE_BF16, as
 // test_gemm_avx512_core_library sets) gemm_bf16 widens its operands and runs gemm(), bit for bit,
@@ -355,16 +375,9 @@ TEST(GemmBf16, WidenedWhereOneDnnHasNoBf16Units) {
   const bool units = (cpu_has_avx512_bf16() || cpu_has_amx_bf16()) && !limited;
   EXPECT_EQ(onednn_multiplies_bf16(), units) << "ONEDNN_MAX_CPU_ISA=" << limit;
   const int64_t M = 33, K = 70, N = 45;
-  std::vector<float> a32(static_cast<size_t>(M * K)), b32(static_cast<size_t>(K * N));
-  for (size_t i = 0; i < a32.size(); ++i)
-    a32[i] = static_cast<float>(static_cast<int>(i * 2654435761u % 201) - 100) / 64;
-  for (size_t i = 0; i < b32.size(); ++i) b32[i] = static_cast<float>(static_cast<int>(i * 40503u % 199) - 99) / 32;
-  std::vector<bf16> a16(a32.size()), b16(b32.size());
-  float_to_bf16(a32.data(), a16.data(), static_cast<int64_t>(a32.size()));
-  float_to_bf16(b32.data(), b16.data(), static_cast<int64_t>(b32.size()));
-  bf16_to_float(a16.data(), a32.data(), static_cast<int64_t>(a32.size()));
-  bf16_to_float(b16.data(), b32.data(), static_cast<int64_t>(b32.size()));
-  const MatrixRefBf16 a{a16.data(), M, K, K}, b{b16.data(), K, N, N};
+  const Bf16Operands ops = bf16_operands(M * K, K * N, 201, 64, 199, 32);
+  const std::vector<float>&a32 = ops.a32, &b32 = ops.b32;
+  const MatrixRefBf16 a{ops.a16.data(), M, K, K}, b{ops.b16.data(), K, N, N};
   const std::string impl = gemm_bf16_implementation(a, b, N);
   // Read by scripts/imitated_cpu_check.sh (no-bf16-onednn) to see that the limit it set took.
   std::printf("oneDNN multiplies bf16 here: %s (%s)\n", units ? "yes" : "no", impl.c_str());
@@ -387,16 +400,9 @@ TEST(GemmBf16, WidenedWhereOneDnnHasNoBf16Units) {
 TEST(GemmBf16, WidenedOperandsSpanSeveralBlocks) {
   set_bf16_isa_override(Bf16Isa::kPortable);  // the converted route (oneDNN only where it would emulate bf16)
   const int64_t M = 37, K = 9001, N = 43;     // A and B stored as 9001 rows: two blocks each
-  std::vector<float> a32(static_cast<size_t>(K * M)), b32(static_cast<size_t>(K * N));
-  for (size_t i = 0; i < a32.size(); ++i)
-    a32[i] = static_cast<float>(static_cast<int>(i * 2654435761u % 2001) - 1000) / 512;
-  for (size_t i = 0; i < b32.size(); ++i) b32[i] = static_cast<float>(static_cast<int>(i * 40503u % 1999) - 999) / 256;
-  std::vector<bf16> a16(a32.size()), b16(b32.size());
-  float_to_bf16(a32.data(), a16.data(), static_cast<int64_t>(a32.size()));
-  float_to_bf16(b32.data(), b16.data(), static_cast<int64_t>(b32.size()));
-  bf16_to_float(a16.data(), a32.data(), static_cast<int64_t>(a32.size()));
-  bf16_to_float(b16.data(), b32.data(), static_cast<int64_t>(b32.size()));
-  const MatrixRefBf16 a{a16.data(), M, K, M, true}, b{b16.data(), K, N, N};
+  const Bf16Operands ops = bf16_operands(K * M, K * N, 2001, 512, 1999, 256);
+  const std::vector<float>&a32 = ops.a32, &b32 = ops.b32;
+  const MatrixRefBf16 a{ops.a16.data(), M, K, M, true}, b{ops.b16.data(), K, N, N};
   std::vector<std::vector<float>> got;
   for (int threads : {1, 2}) {
     test::ScopedThreads scoped(threads);
