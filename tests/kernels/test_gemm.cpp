@@ -336,13 +336,6 @@ TEST(GemmBf16, ImplementationsUsedCountsTheShapesThatRan) {
   set_bf16_isa_override(Bf16Isa::kAuto);
 }
 
-// Operands widened on several threads in blocks of rows (more than 2^18 values, odd sizes, a
-// transposed A): every element written, for 1 and 2 threads the same bits as gemm() of the values
-// widened here on the same thread count, and equal to the product of the fp32 values (sums of exact
-// products, within the fp32 summation bound). Not the same bits across thread counts: the fp32
-// libraries do not promise them (oneDNN's and OpenBLAS's AVX2 kernels sum K in other orders on 1
-// and 2 threads at this shape; session 40, natively with ONEDNN_MAX_CPU_ISA=AVX2 and
-// OPENBLAS_CORETYPE=Haswell, and on QEMU's Haswell and EPYC-Milan).
 // Two operands of bf16 values, as bf16 and widened (exactly) to fp32: a fixed pattern of integers
 // in [-spread/2, spread/2] over scale, rounded to bf16.
 struct Bf16Operands {
@@ -397,8 +390,15 @@ TEST(GemmBf16, WidenedWhereOneDnnHasNoBf16Units) {
   EXPECT_EQ(gemm_bf16_implementations_used().find("gemm:jit"), std::string::npos) << gemm_bf16_implementations_used();
 }
 
+// Operands widened on several threads in blocks of rows (more than 2^18 values, odd sizes, a
+// transposed A): every element written, for 1 and 2 threads the same bits as gemm() of the values
+// widened here on the same thread count, and equal to the product of the fp32 values (sums of exact
+// products, within the fp32 summation bound). Not the same bits across thread counts: the fp32
+// libraries do not promise them (oneDNN's and OpenBLAS's AVX2 kernels sum K in other orders on 1
+// and 2 threads at this shape; session 40, natively with ONEDNN_MAX_CPU_ISA=AVX2 and
+// OPENBLAS_CORETYPE=Haswell, and on QEMU's Haswell and EPYC-Milan).
 TEST(GemmBf16, WidenedOperandsSpanSeveralBlocks) {
-  set_bf16_isa_override(Bf16Isa::kPortable);  // the converted route (oneDNN only where it would emulate bf16)
+  set_bf16_isa_override(Bf16Isa::kPortable);  // the converted route, on every CPU
   const int64_t M = 37, K = 9001, N = 43;     // A and B stored as 9001 rows: two blocks each
   const Bf16Operands ops = bf16_operands(K * M, K * N, 2001, 512, 1999, 256);
   const std::vector<float>&a32 = ops.a32, &b32 = ops.b32;
