@@ -56,7 +56,12 @@ bool limit_openmp_spinning() {
 // sets OPENBLAS_CORETYPE.
 bool request_openblas_core() {
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return false;
-  const cabm::SimdIsa isa = cabm::widest_simd_isa();
+  cabm::SimdIsa isa;
+  try {
+    isa = cabm::widest_simd_isa();
+  } catch (const cabm::UsageError&) {  // a bad CABM_MAX_CPU_ISA: reported by main, in its place
+    return false;
+  }
   const char* core = cabm::openblas_core_to_request(cabm::openblas_core(), isa);
   return core != nullptr && setenv("OPENBLAS_CORETYPE", core, 1) == 0;
 }
@@ -128,6 +133,10 @@ int main(int argc, char** argv) {
     } catch (const cabm::Error& e) {
       throw cabm::UsageError(e.what());
     }
+    // The variables that choose the kernels, read now so that a bad value is a usage error for
+    // every command, not only for the ones that reach a kernel.
+    cabm::cpu_isa_cap();
+    cabm::simd_isa();
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help and --version are "errors" with status 0; every other parse error is a usage error

@@ -5,16 +5,19 @@
 # instead of on the other machine (docs/cpu_check.md, "Other CPUs' facts on this one").
 #   scripts/imitated_cpu_check.sh [BUILD_DIR [PROFILE...]]
 # BUILD_DIR defaults to build/release, which must be built and must have run ctest once (its wisdom
-# files then hold this machine's values). The profiles (default: all four):
+# files then hold this machine's values). The profiles (default: all five):
 #   wide-l1     a 48 KiB L1d and two 512-bit FMA pipes (Zen 5, Intel Xeons): flash.cpp's 64 × 64
 #               fp32 tiles on the avx512 set; sysconf(_SC_LEVEL1_DCACHE_SIZE) answers 48 KiB and
 #               the wisdom files' avx512_fmas_per_cycle reads 2. Needs AVX-512.
 #   fma-bf16    vdpbf16ps no faster than FMAs and no AMX (a Xeon whose VM hides AMX): the bf16
 #               products on widened operands (CABM_BF16_PRODUCTS=fp32 CABM_NO_AMX=1).
 #   many-cores  16 processors (omp_get_num_procs: the fp32 and bf16 backward's split runs).
-#   no-bf16-onednn  oneDNN held to AVX-512 without BF16 (ONEDNN_MAX_CPU_ISA=AVX512_CORE), as on
-#               Intel's Skylake-SP to Ice Lake server: gemm_bf16 widens for gemm(). cabm's own
-#               kernels still see this CPU's AVX512_BF16; only oneDNN's side is imitated.
+#   avx512-no-bf16  AVX-512 without BF16 (Intel's Skylake-SP to Ice Lake server): cabm and oneDNN
+#               held to it (CABM_MAX_CPU_ISA=avx512 ONEDNN_MAX_CPU_ISA=AVX512_CORE); the bf16
+#               kernels take their fp32 SIMD path, gemm_bf16 widens for gemm(). Needs AVX-512.
+#   avx2-only   AVX2 + FMA without AVX-512 (Zen 3, Intel's desktop cores): cabm, oneDNN and OpenBLAS
+#               held to it (CABM_MAX_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell).
+#               Needs AVX2. Only the instruction sets: the caches and ports stay this CPU's.
 # Each profile's summary lands in OUT_DIR (default out/imitated_cpu_check)/PROFILE.log. Exit 0
 # when every profile passed, 1 when one failed, 2 on a usage error.
 set -euo pipefail
@@ -22,13 +25,13 @@ cd "$(dirname "$0")/.."
 build=${1:-build/release}
 shift $(($# < 1 ? $# : 1))
 profiles=("$@")
-[ ${#profiles[@]} -gt 0 ] || profiles=(wide-l1 fma-bf16 many-cores no-bf16-onednn)
+[ ${#profiles[@]} -gt 0 ] || profiles=(wide-l1 fma-bf16 many-cores avx512-no-bf16 avx2-only)
 out=${OUT_DIR:-out/imitated_cpu_check}
 [ -f "$build/CTestTestfile.cmake" ] || { echo "imitated_cpu_check: $build is not a configured build" >&2; exit 2; }
 wisdom=("$build"/tests/gemm_routes*.tsv)
 [ -f "${wisdom[0]}" ] || { echo "imitated_cpu_check: no wisdom file in $build/tests: run ctest once first" >&2; exit 2; }
 for p in "${profiles[@]}"; do
-  case $p in wide-l1 | fma-bf16 | many-cores | no-bf16-onednn) ;; *) echo "imitated_cpu_check: unknown profile '$p'" >&2; exit 2 ;; esac
+  case $p in wide-l1 | fma-bf16 | many-cores | avx512-no-bf16 | avx2-only) ;; *) echo "imitated_cpu_check: unknown profile '$p'" >&2; exit 2 ;; esac
 done
 flags=$(grep -m1 '^flags' /proc/cpuinfo)
 
@@ -84,12 +87,19 @@ for p in "${profiles[@]}"; do
       env=(CABM_BF16_PRODUCTS=fp32 CABM_NO_AMX=1)
       ;;
     many-cores) env=(LD_PRELOAD="$work/nprocs16.so") ;;
-    no-bf16-onednn)
+    avx512-no-bf16)
       if ! grep -qw avx512f <<<"$flags"; then
-        echo "== $p: skipped (no AVX-512 on this CPU: oneDNN has no bf16 kernels to hold back)" | tee "$out/$p.log"
+        echo "== $p: skipped (no AVX-512 on this CPU)" | tee "$out/$p.log"
         continue
       fi
-      env=(ONEDNN_MAX_CPU_ISA=AVX512_CORE)
+      env=(CABM_MAX_CPU_ISA=avx512 ONEDNN_MAX_CPU_ISA=AVX512_CORE)
+      ;;
+    avx2-only)
+      if ! grep -qw avx2 <<<"$flags"; then
+        echo "== $p: skipped (no AVX2 on this CPU)" | tee "$out/$p.log"
+        continue
+      fi
+      env=(CABM_MAX_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell)
       ;;
   esac
   echo "== $p: ${env[*]}"
@@ -102,15 +112,17 @@ for p in "${profiles[@]}"; do
   # That the imitation took: what the tests printed of the facts they read.
   log=$build/Testing/Temporary/LastTest.log
   case $p in
-    wide-l1) took="64 x 64 fp32 tiles on avx512" ;;
-    fma-bf16) took="vdpbf16ps not faster than FMAs" ;;
-    many-cores) took="backward split runs: 16" ;;
-    no-bf16-onednn) took="oneDNN multiplies bf16 here: no" ;;
+    wide-l1) took=("64 x 64 fp32 tiles on avx512") ;;
+    fma-bf16) took=("vdpbf16ps not faster than FMAs") ;;
+    many-cores) took=("backward split runs: 16") ;;
+    avx512-no-bf16) took=("oneDNN multiplies bf16 here: no" "this process runs under CABM_MAX_CPU_ISA=avx512)") ;;
+    avx2-only) took=("oneDNN multiplies bf16 here: no" "this process runs under CABM_MAX_CPU_ISA=avx2)") ;;
   esac
-  if ! grep -a -q "$took" "$log"; then
-    result="FAILED (the tests did not print '$took': the imitation did not take)"
+  for line in "${took[@]}"; do
+    grep -a -q "$line" "$log" && continue
+    result="FAILED (the tests did not print '$line': the imitation did not take)"
     failed=1
-  fi
+  done
   { echo "== $p ($result): ${env[*]}"; grep -a -E "tests passed|\*\*\*|Failed  " "$out/$p.full.log"; } >"$out/$p.log"
   cat "$out/$p.log"
 done

@@ -83,12 +83,13 @@ std::atomic<int> g_products_override{static_cast<int>(Bf16Products::kAuto)};
 }  // namespace
 
 bool cpu_has_avx512_bf16() {
-  static const bool has = detect_avx512_bf16();
+  static const bool has = cpu_isa_cap() >= CpuIsaCap::kAvx512Bf16 && detect_avx512_bf16();
   return has;
 }
 
 bool cpu_has_amx_bf16() {
-  static const bool has = detect_amx_bf16();
+  // Under a lower cap the tile state is never requested either.
+  static const bool has = cpu_isa_cap() >= CpuIsaCap::kAmxBf16 && detect_amx_bf16();
   return has;
 }
 

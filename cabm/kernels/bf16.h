@@ -27,13 +27,15 @@ namespace cabm {
 enum class Bf16Isa { kAuto, kPortable, kAvx512Bf16 };
 
 // Whether this CPU (and OS) can run AVX-512 F/BW/VL/BF16 code: CPUID leaf 7 subleaf 0 EBX bits
-// 16/30/31, subleaf 1 EAX bit 5, and XCR0 enabling the opmask and zmm state.
+// 16/30/31, subleaf 1 EAX bit 5, and XCR0 enabling the opmask and zmm state; false under a
+// CABM_MAX_CPU_ISA below avx512_bf16 (cpu_isa.h).
 bool cpu_has_avx512_bf16();
 
 // Whether this CPU and OS can run AMX-BF16 tile code: CPUID leaf 7 subleaf 0 EDX bits 22
 // (AMX-BF16) and 24 (AMX-TILE), XCR0 bits 17/18 (tile config and data state), and on Linux the
 // permission to use the tile data state, requested once per process on the first call
-// (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); refused → false). Thread-safe.
+// (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); refused → false); false, with nothing
+// requested, under a CABM_MAX_CPU_ISA below amx_bf16 (cpu_isa.h). Thread-safe.
 bool cpu_has_amx_bf16();
 
 // kAuto (the default) selects avx512_bf16 where cpu_has_avx512_bf16() and CABM_FORCE_PORTABLE is

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <string_view>
+#include <utility>
 
 namespace cabm {
 namespace {
@@ -39,9 +40,34 @@ SimdIsa from_environment() {
       fmt::format("CABM_SIMD_ISA={}: expected portable, avx2 or avx512 (or unset: the widest this CPU runs)", name));
 }
 
+CpuIsaCap cap_from_environment() {
+  const char* env = std::getenv("CABM_MAX_CPU_ISA");
+  if (env == nullptr || *env == '\0') return CpuIsaCap::kNone;
+  const std::string_view name(env);
+  constexpr std::pair<std::string_view, CpuIsaCap> kNames[] = {{"portable", CpuIsaCap::kPortable},
+                                                               {"avx2", CpuIsaCap::kAvx2},
+                                                               {"avx512", CpuIsaCap::kAvx512},
+                                                               {"avx512_bf16", CpuIsaCap::kAvx512Bf16},
+                                                               {"amx_bf16", CpuIsaCap::kAmxBf16}};
+  for (const auto& [known, cap] : kNames)
+    if (name == known) return cap;
+  throw UsageError(fmt::format(
+      "CABM_MAX_CPU_ISA={}: expected portable, avx2, avx512, avx512_bf16 or amx_bf16 (or unset: no cap)", name));
+}
+
 }  // namespace
 
+static_assert(static_cast<int>(CpuIsaCap::kAvx2) == static_cast<int>(SimdIsa::kAvx2) &&
+              static_cast<int>(CpuIsaCap::kAvx512) == static_cast<int>(SimdIsa::kAvx512));
+
+CpuIsaCap cpu_isa_cap() {
+  static const CpuIsaCap cap = cap_from_environment();
+  return cap;
+}
+
 bool cpu_supports(SimdIsa isa) {
+  // The cap's first three values are the SimdIsa sets, in the same order.
+  if (static_cast<int>(cpu_isa_cap()) < static_cast<int>(isa)) return false;
 #if defined(__x86_64__) || defined(__i386__)
   switch (isa) {
     case SimdIsa::kPortable:

@@ -19,8 +19,18 @@ namespace cabm {
 enum class SimdIsa { kPortable, kAvx2, kAvx512 };
 
 // Whether this CPU and OS run code for `isa` (CPUID and the OS-enabled vector state, as GCC's
-// __builtin_cpu_supports reports them). kPortable: always.
+// __builtin_cpu_supports reports them), within cpu_isa_cap(). kPortable: always.
 bool cpu_supports(SimdIsa isa);
+
+// The most this CPU is taken to have: CABM_MAX_CPU_ISA=portable|avx2|avx512|avx512_bf16|amx_bf16
+// in the environment (read at first use; each includes the ones before it) caps what cabm sees of
+// the CPU, as ONEDNN_MAX_CPU_ISA does for oneDNN (cabm sets neither library's). cpu_supports() and
+// bf16.h's cpu_has_avx512_bf16() and cpu_has_amx_bf16() then answer as on a CPU with no more than
+// that, and every choice made from them (the SIMD set, the bf16 units, the tiles) is that CPU's:
+// a binary runs here the kernels it runs on an older CPU (scripts/imitated_cpu_check.sh), or keeps
+// off a unit. Unset or empty: kNone, no cap. Another value is a UsageError naming the variable.
+enum class CpuIsaCap { kPortable, kAvx2, kAvx512, kAvx512Bf16, kAmxBf16, kNone };
+CpuIsaCap cpu_isa_cap();
 
 // The widest set cpu_supports(), whatever the override or CABM_SIMD_ISA say.
 SimdIsa widest_simd_isa();

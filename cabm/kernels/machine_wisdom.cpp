@@ -22,7 +22,9 @@ namespace {
 namespace fs = std::filesystem;
 
 // The CPU by its model name, family and model number (virtual machines often report one name,
-// "AMD EPYC", for a Zen 3 and a Zen 4, whose best routes differ), and the two libraries' builds.
+// "AMD EPYC", for a Zen 3 and a Zen 4, whose best routes differ), and the two libraries' builds:
+// oneDNN's with the instruction set it runs (dnnl_cpu_isa_t's bits: ONEDNN_MAX_CPU_ISA changes it,
+// and with it the speed of every route), OpenBLAS's with its kernels (OPENBLAS_CORETYPE).
 std::string machine_id() {
   std::string cpu = "unknown CPU", family = "?", model = "?";
   std::ifstream info("/proc/cpuinfo");
@@ -36,8 +38,9 @@ std::string machine_id() {
     if (field == "model") model = value;
   }
   const dnnl_version_t* v = dnnl_version();
-  std::string id = fmt::format("{} (family {} model {}) | oneDNN {}.{}.{} | OpenBLAS {}", cpu, family, model, v->major,
-                               v->minor, v->patch, openblas_get_config());
+  std::string id =
+      fmt::format("{} (family {} model {}) | oneDNN {}.{}.{} isa {:#x} | OpenBLAS {}", cpu, family, model, v->major,
+                  v->minor, v->patch, static_cast<unsigned>(dnnl_get_effective_cpu_isa()), openblas_get_config());
   std::replace(id.begin(), id.end(), '\t', ' ');
   return id;
 }

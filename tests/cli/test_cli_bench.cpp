@@ -144,6 +144,63 @@ TEST(CliBench, Bf16ProductsPin) {
   EXPECT_TRUE(automatic == vdp || automatic == fp32) << automatic;
 }
 
+// CABM_MAX_CPU_ISA caps what cabm sees of the CPU (cpu_isa.h): under each cap the attention
+// kernels and the bf16 path are the ones a CPU with no more than that would take, a cap above the
+// CPU changes nothing, and an unknown value, or a CABM_SIMD_ISA above the cap, is a one-line error
+// naming the variable. Caps above one this process runs under are left out (its own answers are
+// the oracle).
+TEST(CliBench, MaxCpuIsaCapsTheKernels) {
+  const auto run = [&](const char* cap, const char* simd = nullptr) {
+    ::setenv("CABM_MAX_CPU_ISA", cap, 1);
+    if (simd) ::setenv("CABM_SIMD_ISA", simd, 1);
+    CmdResult r = cabm("bench attention --n 64 --d 16 --masks none --repeats 1 --json --precision both");
+    ::unsetenv("CABM_SIMD_ISA");
+    return r;
+  };
+  const char* ambient = std::getenv("CABM_MAX_CPU_ISA");
+  const std::string restore = ambient ? ambient : "";
+  const std::string uncapped_bf16 = [&] {
+    const CmdResult r = run(ambient ? ambient : "");
+    EXPECT_EQ(r.status, 0) << r.err;
+    return r.status == 0 ? nlohmann::json::parse(r.out).value("bf16_path", "") : std::string();
+  }();
+  struct Cap {
+    const char* name;
+    CpuIsaCap cap;
+  };
+  for (const Cap c :
+       {Cap{"portable", CpuIsaCap::kPortable}, Cap{"avx2", CpuIsaCap::kAvx2}, Cap{"avx512", CpuIsaCap::kAvx512},
+        Cap{"avx512_bf16", CpuIsaCap::kAvx512Bf16}, Cap{"amx_bf16", CpuIsaCap::kAmxBf16}}) {
+    if (c.cap > cpu_isa_cap()) {
+      std::printf("skipped: CABM_MAX_CPU_ISA=%s (this process runs under CABM_MAX_CPU_ISA=%s)\n", c.name, ambient);
+      continue;
+    }
+    const CmdResult r = run(c.name);
+    EXPECT_EQ(r.status, 0) << c.name << ": " << r.err;
+    if (r.status != 0) continue;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    SimdIsa isa = widest_simd_isa();
+    if (static_cast<int>(c.cap) < static_cast<int>(isa)) isa = static_cast<SimdIsa>(static_cast<int>(c.cap));
+    EXPECT_EQ(j.value("kernel_isa", ""), simd_isa_name(isa)) << c.name;
+    const std::string bf16 = j.value("bf16_path", "");
+    if (c.cap == CpuIsaCap::kAmxBf16) {
+      EXPECT_EQ(bf16, uncapped_bf16) << c.name;
+    } else if (c.cap == CpuIsaCap::kAvx512Bf16 && cpu_has_avx512_bf16()) {
+      EXPECT_TRUE(bf16 == "avx512_bf16" || bf16 == "avx512_fp32") << c.name << ": " << bf16;
+    } else {  // no bf16 unit under the cap: the fp32 SIMD path of the capped set, or portable code
+      EXPECT_EQ(bf16, isa == SimdIsa::kPortable ? std::string("portable") : std::string(simd_isa_name(isa)) + "_fp32")
+          << c.name;
+    }
+    std::printf("CABM_MAX_CPU_ISA=%s: %s kernels, bf16 path %s\n", c.name, simd_isa_name(isa), bf16.c_str());
+  }
+  expect_one_line_error(run("avx512bf16"), "CABM_MAX_CPU_ISA");
+  if (cpu_supports(SimdIsa::kAvx2)) expect_one_line_error(run("portable", "avx2"), "CABM_SIMD_ISA");
+  if (ambient)
+    ::setenv("CABM_MAX_CPU_ISA", restore.c_str(), 1);
+  else
+    ::unsetenv("CABM_MAX_CPU_ISA");
+}
+
 // The measurements that choose the attention tiles and the bf16 unit come from the wisdom file
 // when it has them for this machine, so that every process computes alike: a planted value
 // decides, and the bench names where it came from.

@@ -358,7 +358,7 @@ Bf16Operands bf16_operands(int64_t a_size, int64_t b_size, int a_spread, float a
 
 // oneDNN multiplies bf16 only where its effective ISA has bf16 units (AVX512_BF16 or AMX-BF16).
 // Without them (AVX2 CPUs; AVX-512 CPUs without BF16; ONEDNN_MAX_CPU_ISA below AVX512_CORE_BF16, as
-// test_gemm_avx512_core_library sets) gemm_bf16 widens its operands and runs gemm(), bit for bit,
+// test_gemm_avx512_no_bf16 sets) gemm_bf16 widens its operands and runs gemm(), bit for bit,
 // and says so, and the modules keep their operands widened (gemm_bf16_widens).
 TEST(GemmBf16, WidenedWhereOneDnnHasNoBf16Units) {
   std::string limit = std::getenv("ONEDNN_MAX_CPU_ISA") ? std::getenv("ONEDNN_MAX_CPU_ISA") : "";
@@ -372,7 +372,7 @@ TEST(GemmBf16, WidenedWhereOneDnnHasNoBf16Units) {
   const std::vector<float>&a32 = ops.a32, &b32 = ops.b32;
   const MatrixRefBf16 a{ops.a16.data(), M, K, K}, b{ops.b16.data(), K, N, N};
   const std::string impl = gemm_bf16_implementation(a, b, N);
-  // Read by scripts/imitated_cpu_check.sh (no-bf16-onednn) to see that the limit it set took.
+  // Read by scripts/imitated_cpu_check.sh (avx512-no-bf16, avx2-only) to see that the limit it set took.
   std::printf("oneDNN multiplies bf16 here: %s (%s)\n", units ? "yes" : "no", impl.c_str());
   if (units) {
     EXPECT_EQ(impl.rfind("fp32 sgemm (converted)", 0) == 0, gemm_bf16_widens()) << impl;
