@@ -255,9 +255,16 @@ CABM_SIMD_LANEWISE(min, x < y ? x : y)
 CABM_SIMD_LANEWISE(div, x / y)
 CABM_SIMD_LANEWISE(copy_sign, std::copysign(x, y))
 #undef CABM_SIMD_LANEWISE
+// One rounding where the build's target has an FMA instruction, two where it has none (the
+// portable regions compile with contraction off, simd_set_portable_begin.h, so the choice is this
+// line's and never the optimiser's, and equal sums stay equal across the kernels' instantiations).
 inline Vec fma(Vec a, Vec b, Vec c) {
   Vec r;
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+  for (int l = 0; l < kWidth; ++l) r.v[l] = __builtin_fmaf(a.v[l], b.v[l], c.v[l]);
+#else
   for (int l = 0; l < kWidth; ++l) r.v[l] = a.v[l] * b.v[l] + c.v[l];
+#endif
   return r;
 }
 inline bool any_greater(Vec a, Vec b) {
@@ -391,7 +398,8 @@ inline float reduce_max(Vec a) {
   return m;
 }
 
-// a · b + c rounded once, in every flavour (the portable `fma` above may round twice): for code
+// a · b + c rounded once, in every flavour and build (the portable `fma` above rounds twice where the
+// build's target has no FMA instruction): for code
 // whose accuracy rests on an exact product's low part (x² − fl(x²)) and that must give the same
 // bits in all three flavours (activations_body.h).
 #if CABM_SIMD_LEVEL > 0

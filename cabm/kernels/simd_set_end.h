@@ -7,3 +7,7 @@
 #endif
 #undef CABM_SIMD_TARGET_REGION
 #endif
+#if defined(CABM_SIMD_PORTABLE_REGION)
+#pragma GCC pop_options
+#undef CABM_SIMD_PORTABLE_REGION
+#endif

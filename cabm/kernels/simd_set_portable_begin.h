@@ -7,3 +7,14 @@
 // one region per file.
 #define CABM_SIMD_LEVEL 0
 #define CABM_SIMD_NS simd_portable
+// Contraction off: GCC's default (-ffp-contract=fast) fuses a · b + c into an FMA where the build's
+// target has one, case by case, so two instantiations of one sum (the fp32 attention's tile product
+// with and without its running maximum) could round differently and break the kernels' bit-for-bit
+// promises (FlashVariants.AlibiZeroSlopesEqualPlainAttentionBitForBit failed so under
+// CABM_SIMD_ISA=portable). simd.h's portable fma says where it fuses. Clang contracts only within
+// one expression, which keeps equal sums equal.
+#if !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#define CABM_SIMD_PORTABLE_REGION 1
+#endif
