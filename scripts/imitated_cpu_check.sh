@@ -5,7 +5,7 @@
 # instead of on the other machine (docs/cpu_check.md, "Other CPUs' facts on this one").
 #   scripts/imitated_cpu_check.sh [BUILD_DIR [PROFILE...]]
 # BUILD_DIR defaults to build/release, which must be built and must have run ctest once (its wisdom
-# files then hold this machine's values). The profiles (default: all five):
+# files then hold this machine's values). The profiles (default: all six):
 #   wide-l1     a 48 KiB L1d and two 512-bit FMA pipes (Zen 5, Intel Xeons): flash.cpp's 64 × 64
 #               fp32 tiles on the avx512 set; sysconf(_SC_LEVEL1_DCACHE_SIZE) answers 48 KiB and
 #               the wisdom files' avx512_fmas_per_cycle reads 2. Needs AVX-512.
@@ -18,6 +18,9 @@
 #   avx2-only   AVX2 + FMA without AVX-512 (Zen 3, Intel's desktop cores): cabm, oneDNN and OpenBLAS
 #               held to it (CABM_MAX_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell).
 #               Needs AVX2. Only the instruction sets: the caches and ports stay this CPU's.
+#   no-avx2     SSE4.1 at most (CPUs before Haswell, low-power Atoms, hypervisors' baseline CPU
+#               models): cabm's portable kernels, the libraries' SSE kernels (CABM_MAX_CPU_ISA=portable
+#               ONEDNN_MAX_CPU_ISA=SSE41 OPENBLAS_CORETYPE=Nehalem).
 # Each profile's summary lands in OUT_DIR (default out/imitated_cpu_check)/PROFILE.log. Exit 0
 # when every profile passed, 1 when one failed, 2 on a usage error.
 set -euo pipefail
@@ -25,13 +28,13 @@ cd "$(dirname "$0")/.."
 build=${1:-build/release}
 shift $(($# < 1 ? $# : 1))
 profiles=("$@")
-[ ${#profiles[@]} -gt 0 ] || profiles=(wide-l1 fma-bf16 many-cores avx512-no-bf16 avx2-only)
+[ ${#profiles[@]} -gt 0 ] || profiles=(wide-l1 fma-bf16 many-cores avx512-no-bf16 avx2-only no-avx2)
 out=${OUT_DIR:-out/imitated_cpu_check}
 [ -f "$build/CTestTestfile.cmake" ] || { echo "imitated_cpu_check: $build is not a configured build" >&2; exit 2; }
 wisdom=("$build"/tests/gemm_routes*.tsv)
 [ -f "${wisdom[0]}" ] || { echo "imitated_cpu_check: no wisdom file in $build/tests: run ctest once first" >&2; exit 2; }
 for p in "${profiles[@]}"; do
-  case $p in wide-l1 | fma-bf16 | many-cores | avx512-no-bf16 | avx2-only) ;; *) echo "imitated_cpu_check: unknown profile '$p'" >&2; exit 2 ;; esac
+  case $p in wide-l1 | fma-bf16 | many-cores | avx512-no-bf16 | avx2-only | no-avx2) ;; *) echo "imitated_cpu_check: unknown profile '$p'" >&2; exit 2 ;; esac
 done
 flags=$(grep -m1 '^flags' /proc/cpuinfo)
 
@@ -101,6 +104,13 @@ for p in "${profiles[@]}"; do
       fi
       env=(CABM_MAX_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell)
       ;;
+    no-avx2)
+      if ! grep -qw sse4_1 <<<"$flags"; then
+        echo "== $p: skipped (no SSE4.1 on this CPU)" | tee "$out/$p.log"
+        continue
+      fi
+      env=(CABM_MAX_CPU_ISA=portable ONEDNN_MAX_CPU_ISA=SSE41 OPENBLAS_CORETYPE=Nehalem)
+      ;;
   esac
   echo "== $p: ${env[*]}"
   if env "${env[@]}" ctest --test-dir "$build" -j "$(nproc)" >"$out/$p.full.log" 2>&1; then
@@ -117,6 +127,7 @@ for p in "${profiles[@]}"; do
     many-cores) took=("backward split runs: 16") ;;
     avx512-no-bf16) took=("oneDNN multiplies bf16 here: no" "this process runs under CABM_MAX_CPU_ISA=avx512)") ;;
     avx2-only) took=("oneDNN multiplies bf16 here: no" "this process runs under CABM_MAX_CPU_ISA=avx2)") ;;
+    no-avx2) took=("oneDNN multiplies bf16 here: no" "this process runs under CABM_MAX_CPU_ISA=portable)") ;;
   esac
   for line in "${took[@]}"; do
     grep -a -q "$line" "$log" && continue
