@@ -75,6 +75,13 @@ const char* fma_peak_isa() {
   return "scalar";
 }
 
+std::string cpu_isa_cap_line() {
+  if (cpu_isa_cap() == CpuIsaCap::kNone) return "";
+  const char* cap = cpu_isa_cap_name(cpu_isa_cap());
+  return std::string("CABM_MAX_CPU_ISA=") + cap + ": cabm takes this CPU for one with no more than " + cap +
+         " (the libraries have their own: ONEDNN_MAX_CPU_ISA, OPENBLAS_CORETYPE)";
+}
+
 double measure_fma_peak(double seconds) {
   switch (simd_isa()) {
     case SimdIsa::kAvx512:

@@ -5,6 +5,7 @@
 #include "cabm/core/tensor.h"
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace cabm::cli {
@@ -20,6 +21,10 @@ const char* fma_peak_isa();  // "avx512", "avx2+fma" or "scalar" (the portable s
 //   AMX tdpbf16ps (AMX-BF16): 16 × 16 × 32 multiply-adds per instruction on four C tiles
 double measure_vdpbf16ps_peak(double seconds = 0.3);
 double measure_amx_bf16_peak(double seconds = 0.3);
+
+// "CABM_MAX_CPU_ISA=avx2: ..." where the environment caps what cabm takes the CPU to have
+// (cpu_isa.h), so that a table says it ran an older CPU's paths; "" otherwise.
+std::string cpu_isa_cap_line();
 
 // Resident memory of this process, from /proc/self/status.
 struct MemoryProbe {

@@ -28,6 +28,7 @@
 #include "cabm/kernels/attention/block_sparse.h"
 #include "cabm/kernels/attention/flash_bf16.h"
 #include "cabm/kernels/bf16.h"
+#include "cabm/kernels/cpu_isa.h"
 #include "cabm/kernels/machine_wisdom.h"
 #include "cli/bench_util.h"
 #include "cli/commands.h"
@@ -421,9 +422,11 @@ void bench_attention(const BenchFlags& f) {
       j["cases"].push_back(c);
     }
     j["machine_values"] = machine_values_summary();
+    j["max_cpu_isa"] = cpu_isa_cap_name(cpu_isa_cap());
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("%s\n", machine_values_summary().c_str());  // what chose the tiles and the bf16 unit
+    if (!cpu_isa_cap_line().empty()) std::printf("%s\n", cpu_isa_cap_line().c_str());
   }
 }
 

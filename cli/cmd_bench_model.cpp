@@ -167,6 +167,7 @@ void bench_layer(const LayerFlags& f) {
   std::printf("output ||bf16 - fp32|| / ||fp32|| = %.2e (bf16 unit roundoff 2^-8 = %.2e)\n", diff, std::ldexp(1.0, -8));
   std::printf("%s\n", gemm_route_summary().c_str());
   std::printf("%s\n", machine_values_summary().c_str());
+  if (!cpu_isa_cap_line().empty()) std::printf("%s\n", cpu_isa_cap_line().c_str());
   std::printf("gemm_bf16 ran on: %s\n", gemm_bf16_implementations_used().c_str());
   std::printf("(bf16 speed = fp32 time / bf16 time, medians of %lld alternating calls each)\n",
               static_cast<long long>(f.repeats));
@@ -230,6 +231,7 @@ void bench_train(const TrainBenchFlags& f) {
               static_cast<long long>(f.steps));
   std::printf("%s\n", gemm_route_summary().c_str());
   std::printf("%s\n", machine_values_summary().c_str());
+  if (!cpu_isa_cap_line().empty()) std::printf("%s\n", cpu_isa_cap_line().c_str());
   std::printf("gemm_bf16 ran on: %s\n", gemm_bf16_implementations_used().c_str());
 }
 

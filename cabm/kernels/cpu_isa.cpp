@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <string_view>
-#include <utility>
 
 namespace cabm {
 namespace {
@@ -40,17 +39,15 @@ SimdIsa from_environment() {
       fmt::format("CABM_SIMD_ISA={}: expected portable, avx2 or avx512 (or unset: the widest this CPU runs)", name));
 }
 
+constexpr CpuIsaCap kCaps[] = {CpuIsaCap::kPortable, CpuIsaCap::kAvx2, CpuIsaCap::kAvx512, CpuIsaCap::kAvx512Bf16,
+                               CpuIsaCap::kAmxBf16};
+
 CpuIsaCap cap_from_environment() {
   const char* env = std::getenv("CABM_MAX_CPU_ISA");
   if (env == nullptr || *env == '\0') return CpuIsaCap::kNone;
   const std::string_view name(env);
-  constexpr std::pair<std::string_view, CpuIsaCap> kNames[] = {{"portable", CpuIsaCap::kPortable},
-                                                               {"avx2", CpuIsaCap::kAvx2},
-                                                               {"avx512", CpuIsaCap::kAvx512},
-                                                               {"avx512_bf16", CpuIsaCap::kAvx512Bf16},
-                                                               {"amx_bf16", CpuIsaCap::kAmxBf16}};
-  for (const auto& [known, cap] : kNames)
-    if (name == known) return cap;
+  for (CpuIsaCap cap : kCaps)
+    if (name == cpu_isa_cap_name(cap)) return cap;
   throw UsageError(fmt::format(
       "CABM_MAX_CPU_ISA={}: expected portable, avx2, avx512, avx512_bf16 or amx_bf16 (or unset: no cap)", name));
 }
@@ -63,6 +60,24 @@ static_assert(static_cast<int>(CpuIsaCap::kAvx2) == static_cast<int>(SimdIsa::kA
 CpuIsaCap cpu_isa_cap() {
   static const CpuIsaCap cap = cap_from_environment();
   return cap;
+}
+
+const char* cpu_isa_cap_name(CpuIsaCap cap) {
+  switch (cap) {
+    case CpuIsaCap::kPortable:
+      return "portable";
+    case CpuIsaCap::kAvx2:
+      return "avx2";
+    case CpuIsaCap::kAvx512:
+      return "avx512";
+    case CpuIsaCap::kAvx512Bf16:
+      return "avx512_bf16";
+    case CpuIsaCap::kAmxBf16:
+      return "amx_bf16";
+    case CpuIsaCap::kNone:
+      return "none";
+  }
+  return "?";
 }
 
 bool cpu_supports(SimdIsa isa) {

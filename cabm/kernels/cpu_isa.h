@@ -31,6 +31,7 @@ bool cpu_supports(SimdIsa isa);
 // off a unit. Unset or empty: kNone, no cap. Another value is a UsageError naming the variable.
 enum class CpuIsaCap { kPortable, kAvx2, kAvx512, kAvx512Bf16, kAmxBf16, kNone };
 CpuIsaCap cpu_isa_cap();
+const char* cpu_isa_cap_name(CpuIsaCap cap);  // the variable's value; "none" for kNone
 
 // The widest set cpu_supports(), whatever the override or CABM_SIMD_ISA say.
 SimdIsa widest_simd_isa();

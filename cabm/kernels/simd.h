@@ -398,10 +398,9 @@ inline float reduce_max(Vec a) {
   return m;
 }
 
-// a · b + c rounded once, in every flavour and build (the portable `fma` above rounds twice where the
-// build's target has no FMA instruction): for code
-// whose accuracy rests on an exact product's low part (x² − fl(x²)) and that must give the same
-// bits in all three flavours (activations_body.h).
+// a · b + c rounded once, in every flavour and build (the portable `fma` above rounds twice where
+// the build's target has no FMA instruction): for code whose accuracy rests on an exact product's
+// low part (x² − fl(x²)) and that must give the same bits in all three flavours (activations_body.h).
 #if CABM_SIMD_LEVEL > 0
 inline Vec fma_exact(Vec a, Vec b, Vec c) {
   return fma(a, b, c);

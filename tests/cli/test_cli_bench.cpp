@@ -162,7 +162,10 @@ TEST(CliBench, MaxCpuIsaCapsTheKernels) {
   const std::string uncapped_bf16 = [&] {
     const CmdResult r = run(ambient ? ambient : "");
     EXPECT_EQ(r.status, 0) << r.err;
-    return r.status == 0 ? nlohmann::json::parse(r.out).value("bf16_path", "") : std::string();
+    if (r.status != 0) return std::string();
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j.value("max_cpu_isa", ""), ambient ? ambient : "none");
+    return j.value("bf16_path", "");
   }();
   struct Cap {
     const char* name;
@@ -179,6 +182,7 @@ TEST(CliBench, MaxCpuIsaCapsTheKernels) {
     EXPECT_EQ(r.status, 0) << c.name << ": " << r.err;
     if (r.status != 0) continue;
     const nlohmann::json j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j.value("max_cpu_isa", ""), c.name);
     SimdIsa isa = widest_simd_isa();
     if (static_cast<int>(c.cap) < static_cast<int>(isa)) isa = static_cast<SimdIsa>(static_cast<int>(c.cap));
     EXPECT_EQ(j.value("kernel_isa", ""), simd_isa_name(isa)) << c.name;
