@@ -30,6 +30,14 @@ bool contains(const std::string& s, const std::string& needle) {
   return s.find(needle) != std::string::npos;
 }
 
+// The variables that pin the kernels' paths (CABM_SIMD_ISA, CABM_FORCE_PORTABLE, CABM_BF16_PRODUCTS,
+// CABM_NO_AMX), cleared for the child processes of a test whose oracle is this CPU's own choice,
+// so that it holds under scripts/imitated_cpu_check.sh's profiles and a user's pins.
+struct UnpinnedPaths {
+  test::ScopedEnv simd{"CABM_SIMD_ISA", nullptr}, portable{"CABM_FORCE_PORTABLE", nullptr},
+      products{"CABM_BF16_PRODUCTS", nullptr}, amx{"CABM_NO_AMX", nullptr};
+};
+
 TEST(CliBench, AttentionTable) {
   const CmdResult r = cabm("bench attention --n 64 --d 16 --repeats 1 --backward");
   ASSERT_EQ(r.status, 0) << r.err;
@@ -107,10 +115,10 @@ TEST(CliMemory, EstimateAndMeasurement) {
 // CABM_BF16_PRODUCTS pins the bf16 kernels' products (kernels/bf16.h) where the CPU has
 // AVX512_BF16 without AMX, and a value it does not know is a one-line error on every CPU.
 TEST(CliBench, Bf16ProductsPin) {
+  const UnpinnedPaths unpinned;
   const auto bf16_path = [&](const char* pin) {
-    ::setenv("CABM_BF16_PRODUCTS", pin, 1);
+    const test::ScopedEnv env_pin("CABM_BF16_PRODUCTS", pin);
     const CmdResult r = cabm("bench attention --n 64 --d 16 --masks none --repeats 1 --json --precision both");
-    ::unsetenv("CABM_BF16_PRODUCTS");
     EXPECT_EQ(r.status, 0) << pin << ": " << r.err;
     if (r.status != 0) return std::string();
     const nlohmann::json j = nlohmann::json::parse(r.out);
@@ -128,10 +136,11 @@ TEST(CliBench, Bf16ProductsPin) {
     }
     return path;
   };
-  ::setenv("CABM_BF16_PRODUCTS", "bf16", 1);
-  expect_one_line_error(cabm("bench attention --n 64 --d 16 --masks none --repeats 1 --precision both"),
-                        "CABM_BF16_PRODUCTS");
-  ::unsetenv("CABM_BF16_PRODUCTS");
+  {
+    const test::ScopedEnv bad("CABM_BF16_PRODUCTS", "bf16");
+    expect_one_line_error(cabm("bench attention --n 64 --d 16 --masks none --repeats 1 --precision both"),
+                          "CABM_BF16_PRODUCTS");
+  }
   const std::string automatic = bf16_path("auto"), vdp = bf16_path("vdpbf16ps"), fp32 = bf16_path("fp32");
   if (!cpu_has_avx512_bf16() || cpu_has_amx_bf16()) {
     EXPECT_EQ(vdp, automatic);
@@ -140,7 +149,7 @@ TEST(CliBench, Bf16ProductsPin) {
                  << " AMX): every run took " << automatic;
   }
   EXPECT_EQ(vdp, "avx512_bf16");
-  EXPECT_EQ(fp32, std::string(simd_isa() == SimdIsa::kAvx512 ? "avx512" : "avx2") + "_fp32");
+  EXPECT_EQ(fp32, std::string(widest_simd_isa() == SimdIsa::kAvx512 ? "avx512" : "avx2") + "_fp32");
   EXPECT_TRUE(automatic == vdp || automatic == fp32) << automatic;
 }
 
@@ -150,21 +159,19 @@ TEST(CliBench, Bf16ProductsPin) {
 // naming the variable. Caps above one this process runs under are left out (its own answers are
 // the oracle).
 TEST(CliBench, MaxCpuIsaCapsTheKernels) {
-  const auto run = [&](const char* cap, const char* simd = nullptr) {
-    ::setenv("CABM_MAX_CPU_ISA", cap, 1);
-    if (simd) ::setenv("CABM_SIMD_ISA", simd, 1);
-    CmdResult r = cabm("bench attention --n 64 --d 16 --masks none --repeats 1 --json --precision both");
-    ::unsetenv("CABM_SIMD_ISA");
-    return r;
-  };
+  const UnpinnedPaths unpinned;
   const char* ambient = std::getenv("CABM_MAX_CPU_ISA");
-  const std::string restore = ambient ? ambient : "";
+  const std::string ambient_name = ambient ? ambient : "";
+  const auto run = [&](const char* cap, const char* simd_isa = nullptr) {
+    const test::ScopedEnv capped("CABM_MAX_CPU_ISA", cap), pinned("CABM_SIMD_ISA", simd_isa);
+    return cabm("bench attention --n 64 --d 16 --masks none --repeats 1 --json --precision both");
+  };
   const std::string uncapped_bf16 = [&] {
-    const CmdResult r = run(ambient ? ambient : "");
+    const CmdResult r = run(ambient ? ambient_name.c_str() : nullptr);
     EXPECT_EQ(r.status, 0) << r.err;
     if (r.status != 0) return std::string();
     const nlohmann::json j = nlohmann::json::parse(r.out);
-    EXPECT_EQ(j.value("max_cpu_isa", ""), ambient ? ambient : "none");
+    EXPECT_EQ(j.value("max_cpu_isa", ""), ambient ? ambient_name : std::string("none"));
     return j.value("bf16_path", "");
   }();
   struct Cap {
@@ -175,7 +182,8 @@ TEST(CliBench, MaxCpuIsaCapsTheKernels) {
        {Cap{"portable", CpuIsaCap::kPortable}, Cap{"avx2", CpuIsaCap::kAvx2}, Cap{"avx512", CpuIsaCap::kAvx512},
         Cap{"avx512_bf16", CpuIsaCap::kAvx512Bf16}, Cap{"amx_bf16", CpuIsaCap::kAmxBf16}}) {
     if (c.cap > cpu_isa_cap()) {
-      std::printf("skipped: CABM_MAX_CPU_ISA=%s (this process runs under CABM_MAX_CPU_ISA=%s)\n", c.name, ambient);
+      std::printf("skipped: CABM_MAX_CPU_ISA=%s (this process runs under CABM_MAX_CPU_ISA=%s)\n", c.name,
+                  ambient_name.c_str());
       continue;
     }
     const CmdResult r = run(c.name);
@@ -199,37 +207,22 @@ TEST(CliBench, MaxCpuIsaCapsTheKernels) {
   }
   expect_one_line_error(run("avx512bf16"), "CABM_MAX_CPU_ISA");
   if (cpu_supports(SimdIsa::kAvx2)) expect_one_line_error(run("portable", "avx2"), "CABM_SIMD_ISA");
-  if (ambient)
-    ::setenv("CABM_MAX_CPU_ISA", restore.c_str(), 1);
-  else
-    ::unsetenv("CABM_MAX_CPU_ISA");
 }
 
 // The measurements that choose the attention tiles and the bf16 unit come from the wisdom file
 // when it has them for this machine, so that every process computes alike: a planted value
 // decides, and the bench names where it came from.
 TEST(CliBench, MachineValuesFromTheWisdomFile) {
+  const UnpinnedPaths unpinned;
   const std::string file = test::temp_dir() + "/cli_machine_values.tsv";
   const auto run = [&](double fmas, double rate) {
     std::filesystem::remove(file);
     std::ofstream(file) << wisdom::machine() << "\tvalue avx512_fmas_per_cycle\t" << fmas << "\n"
                         << wisdom::machine() << "\tvalue vdpbf16ps_to_fma_rate\t" << rate << "\n";
-    const char* suite = std::getenv("CABM_GEMM_WISDOM");  // the test suite's file
-    const std::string saved = suite ? suite : "";
-    ::setenv("CABM_GEMM_WISDOM", file.c_str(), 1);
+    const test::ScopedEnv wisdom_file("CABM_GEMM_WISDOM", file.c_str());
     // This process's OpenBLAS kernels for cabm's too: they are part of the machine's name.
-    const char* blas = std::getenv("OPENBLAS_CORETYPE");
-    const std::string saved_blas = blas ? blas : "";
-    ::setenv("OPENBLAS_CORETYPE", openblas_core().c_str(), 1);
+    const test::ScopedEnv blas("OPENBLAS_CORETYPE", openblas_core().c_str());
     const CmdResult r = cabm("bench attention --n 64 --d 16 --masks none --repeats 1 --json --precision both");
-    if (suite)
-      ::setenv("CABM_GEMM_WISDOM", saved.c_str(), 1);
-    else
-      ::unsetenv("CABM_GEMM_WISDOM");
-    if (blas)
-      ::setenv("OPENBLAS_CORETYPE", saved_blas.c_str(), 1);
-    else
-      ::unsetenv("OPENBLAS_CORETYPE");
     EXPECT_EQ(r.status, 0) << r.err;
     return r.status == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
   };
@@ -248,7 +241,8 @@ TEST(CliBench, MachineValuesFromTheWisdomFile) {
     GTEST_SKIP() << "the vdpbf16ps rate chooses nothing on this CPU (AVX512_BF16 "
                  << (cpu_has_avx512_bf16() ? "with" : "without") << " AMX)";
   EXPECT_TRUE(contains(values, "vdpbf16ps_to_fma_rate 0.5 (from the file)")) << values;
-  EXPECT_EQ(one.value("bf16_path", ""), std::string(simd_isa() == SimdIsa::kAvx512 ? "avx512" : "avx2") + "_fp32");
+  EXPECT_EQ(one.value("bf16_path", ""),
+            std::string(widest_simd_isa() == SimdIsa::kAvx512 ? "avx512" : "avx2") + "_fp32");
   EXPECT_EQ(two.value("bf16_path", ""), "avx512_bf16");
 }
 

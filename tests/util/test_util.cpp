@@ -51,6 +51,23 @@ Comparison compare(const Tensor& actual, const Tensor& expected, double rtol, do
 ScopedThreads::ScopedThreads(int threads) : previous_(num_threads()) { set_num_threads(threads); }
 ScopedThreads::~ScopedThreads() { set_num_threads(previous_); }
 
+ScopedEnv::ScopedEnv(const char* name, const char* value) : name_(name) {
+  const char* old = std::getenv(name);
+  was_set_ = old != nullptr;
+  if (was_set_) previous_ = old;
+  if (value)
+    ::setenv(name, value, 1);
+  else
+    ::unsetenv(name);
+}
+
+ScopedEnv::~ScopedEnv() {
+  if (was_set_)
+    ::setenv(name_.c_str(), previous_.c_str(), 1);
+  else
+    ::unsetenv(name_.c_str());
+}
+
 std::string fixtures_dir() { return CABM_FIXTURES_DIR; }
 std::string cabm_binary() { return CABM_BINARY; }
 

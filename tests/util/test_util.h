@@ -70,6 +70,20 @@ class ScopedThreads {
   int previous_;
 };
 
+// Sets an environment variable (nullptr: unsets it) for a scope, for the child processes a test
+// starts; what it was (or its absence) comes back after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value);
+  ~ScopedEnv();
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_, previous_;
+  bool was_set_;
+};
+
 std::string fixtures_dir();  // where make_fixtures.py wrote its files
 std::string cabm_binary();   // path of the built `cabm` executable
 std::string temp_dir();      // a fresh directory for this test process
