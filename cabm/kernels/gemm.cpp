@@ -238,8 +238,11 @@ constexpr const char* kWidenedReason = "no AMX, vdpbf16ps not faster than FMAs";
 std::atomic<int64_t> g_converted_products{0};
 std::atomic<int64_t> g_given_widened_products{0};
 
+// Forced portable (bf16.h: the override, or CABM_FORCE_PORTABLE) means the converted route on every
+// CPU, whatever oneDNN has: also where cabm takes the CPU for one without AVX512_BF16
+// (CABM_MAX_CPU_ISA) while oneDNN still multiplies bf16.
 bool portable_forced_here() {
-  return bf16_active_isa() == Bf16Isa::kPortable && cpu_has_avx512_bf16();
+  return bf16_portable_forced();
 }
 
 // oneDNN's bf16 matmul runs on AMX tiles or vdpbf16ps where the CPU has them (and emulates bf16 on

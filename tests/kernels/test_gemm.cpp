@@ -276,9 +276,11 @@ TEST(GemmBf16, WidenedWhereVdpbf16psIsNotFaster) {
   std::vector<float> c(4);
   const MatrixRefBf16 ma{a.data(), 2, 3, 3}, mb{b.data(), 3, 2, 2};
   const std::string reason = "no AMX, vdpbf16ps not faster than FMAs";
-  const bool widened = cpu_has_avx512_bf16() && !cpu_has_amx_bf16() && !bf16_vdpbf16ps_active();
+  const bool widened =
+      !bf16_portable_forced() && cpu_has_avx512_bf16() && !cpu_has_amx_bf16() && !bf16_vdpbf16ps_active();
   EXPECT_EQ(gemm_bf16_implementation(ma, mb, 2).find(reason) != std::string::npos, widened)
       << gemm_bf16_implementation(ma, mb, 2);
+  if (bf16_portable_forced()) GTEST_SKIP() << "CABM_FORCE_PORTABLE is set: the products take the portable route";
   if (!widened)
     GTEST_SKIP() << "gemm_bf16 takes oneDNN here (" << bf16_products_summary() << "; AMX "
                  << (cpu_has_amx_bf16() ? "present" : "absent") << ")";
@@ -316,6 +318,8 @@ TEST(GemmBf16, ImplementationsUsedCountsTheShapesThatRan) {
   EXPECT_EQ(total("fp32 sgemm (converted) (3 shapes), x (1 shape)"), 4);
   // On the oneDNN plans (the automatic choice may widen products without one: test below).
   if (cpu_has_avx512_bf16()) set_bf16_isa_override(Bf16Isa::kAvx512Bf16);
+  if (bf16_portable_forced())
+    GTEST_SKIP() << "CABM_FORCE_PORTABLE on a CPU without AVX512_BF16: the products make no plans to count";
   std::vector<bf16> a(37 * 29, bf16{0x3f80}), b(29 * 41, bf16{0x3f80});
   std::vector<float> c(37 * 41);
   const MatrixRefBf16 ma{a.data(), 37, 29, 29}, mb{b.data(), 29, 41, 41};
@@ -356,6 +360,14 @@ Bf16Operands bf16_operands(int64_t a_size, int64_t b_size, int a_spread, float a
   return o;
 }
 
+// Whether the kernel lists `flag` among the first processor's flags (/proc/cpuinfo).
+bool cpu_flag(const std::string& flag) {
+  std::ifstream info("/proc/cpuinfo");
+  for (std::string line; std::getline(info, line);)
+    if (line.rfind("flags", 0) == 0) return (line + " ").find(" " + flag + " ") != std::string::npos;
+  return false;
+}
+
 // oneDNN multiplies bf16 only where its effective ISA has bf16 units (AVX512_BF16 or AMX-BF16).
 // Without them (AVX2 CPUs; AVX-512 CPUs without BF16; ONEDNN_MAX_CPU_ISA below AVX512_CORE_BF16, as
 // test_gemm_avx512_no_bf16 sets) gemm_bf16 widens its operands and runs gemm(), bit for bit,
@@ -365,7 +377,9 @@ TEST(GemmBf16, WidenedWhereOneDnnHasNoBf16Units) {
   for (char& ch : limit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
   const bool limited = limit == "SSE41" || limit == "AVX" || limit == "AVX2" || limit == "AVX2_VNNI" ||
                        limit == "AVX512_CORE" || limit == "AVX512_CORE_VNNI";
-  const bool units = (cpu_has_avx512_bf16() || cpu_has_amx_bf16()) && !limited;
+  // The CPU's own flags, not cpu_has_avx512_bf16(): CABM_MAX_CPU_ISA holds back cabm, not oneDNN
+  // (every CPU with AMX-BF16 has AVX512_BF16 too).
+  const bool units = cpu_flag("avx512_bf16") && !limited;
   EXPECT_EQ(onednn_multiplies_bf16(), units) << "ONEDNN_MAX_CPU_ISA=" << limit;
   const int64_t M = 33, K = 70, N = 45;
   const Bf16Operands ops = bf16_operands(M * K, K * N, 201, 64, 199, 32);
