@@ -54,7 +54,8 @@ CpuIsaCap cap_from_environment() {
 
 }  // namespace
 
-static_assert(static_cast<int>(CpuIsaCap::kAvx2) == static_cast<int>(SimdIsa::kAvx2) &&
+static_assert(static_cast<int>(CpuIsaCap::kPortable) == static_cast<int>(SimdIsa::kPortable) &&
+              static_cast<int>(CpuIsaCap::kAvx2) == static_cast<int>(SimdIsa::kAvx2) &&
               static_cast<int>(CpuIsaCap::kAvx512) == static_cast<int>(SimdIsa::kAvx512));
 
 CpuIsaCap cpu_isa_cap() {
@@ -118,15 +119,8 @@ void set_simd_isa_override(std::optional<SimdIsa> isa) {
 }
 
 const char* simd_isa_name(SimdIsa isa) {
-  switch (isa) {
-    case SimdIsa::kPortable:
-      return "portable";
-    case SimdIsa::kAvx2:
-      return "avx2";
-    case SimdIsa::kAvx512:
-      return "avx512";
-  }
-  return "?";
+  // The sets' names are the cap's first three (same order: static_assert above).
+  return cpu_isa_cap_name(static_cast<CpuIsaCap>(static_cast<int>(isa)));
 }
 
 int64_t cpu_l1d_bytes() {

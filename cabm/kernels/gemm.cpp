@@ -238,13 +238,6 @@ constexpr const char* kWidenedReason = "no AMX, vdpbf16ps not faster than FMAs";
 std::atomic<int64_t> g_converted_products{0};
 std::atomic<int64_t> g_given_widened_products{0};
 
-// Forced portable (bf16.h: the override, or CABM_FORCE_PORTABLE) means the converted route on every
-// CPU, whatever oneDNN has: also where cabm takes the CPU for one without AVX512_BF16
-// (CABM_MAX_CPU_ISA) while oneDNN still multiplies bf16.
-bool portable_forced_here() {
-  return bf16_portable_forced();
-}
-
 // oneDNN's bf16 matmul runs on AMX tiles or vdpbf16ps where the CPU has them (and emulates bf16 on
 // plain AVX-512F). Without AMX, where vdpbf16ps does no more multiply-adds per second than fp32
 // FMAs (bf16.h: the Intel Xeons measured; its avx512_core_bf16 kernels ran cabm's training
@@ -332,15 +325,18 @@ void gemm_bf16_via_f32(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c,
 
 }  // namespace
 
+// Forced portable (bf16.h: the override, or CABM_FORCE_PORTABLE) means the converted route on every
+// CPU, whatever oneDNN has: also where cabm takes the CPU for one without AVX512_BF16
+// (CABM_MAX_CPU_ISA) while oneDNN still multiplies bf16.
 bool gemm_bf16_widens() {
-  return portable_forced_here() || widen_for_fp32() || !onednn_has_bf16_matmul();
+  return bf16_portable_forced() || widen_for_fp32() || !onednn_has_bf16_matmul();
 }
 
 void gemm_bf16_widened(const MatrixRef& a, const MatrixRef& b, float* c, int64_t ldc, float alpha, float beta,
                        const float* bias) {
   CABM_CHECK(!bias || alpha == 1.0f, "gemm_bf16_widened: a bias needs alpha 1, got {}", alpha);
   if (a.rows == 0 || b.cols == 0) return;
-  auto& counter = portable_forced_here()      ? g_forced_portable_products
+  auto& counter = bf16_portable_forced()      ? g_forced_portable_products
                   : widen_for_fp32()          ? g_widened_products
                   : !onednn_has_bf16_matmul() ? g_converted_products
                                               : g_given_widened_products;
@@ -360,7 +356,7 @@ void gemm_bf16(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t
       for (int64_t j = 0; j < N; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
   }
-  if (portable_forced_here()) {  // tests, comparisons
+  if (bf16_portable_forced()) {  // tests, comparisons
     g_forced_portable_products.fetch_add(1, std::memory_order_relaxed);
     return gemm_bf16_via_f32(a, b, c, ldc, alpha, beta, bias);
   }
@@ -390,7 +386,7 @@ void gemm_bf16(const MatrixRefBf16& a, const MatrixRefBf16& b, float* c, int64_t
 std::string gemm_bf16_implementation(const MatrixRefBf16& a, const MatrixRefBf16& b, int64_t ldc) {
   check_operands(a, b, ldc);
   if (a.rows == 0 || b.cols == 0 || a.cols == 0) return "none (empty)";
-  if (portable_forced_here()) return kFallbackName;
+  if (bf16_portable_forced()) return kFallbackName;
   if (widen_for_fp32()) return std::string(kFallbackName) + ", " + kWidenedReason;
   return plan_cache().get(make_key(a, b, ldc, 1.0f, 0.0f, false))->impl;
 }
