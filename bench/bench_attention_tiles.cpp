@@ -17,7 +17,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <random>
 #include <string>
@@ -42,12 +41,6 @@ cabm::Tensor random_tensor(const cabm::Shape& shape, std::mt19937& rng) {
   return t;
 }
 
-cabm::Tensor as_bf16(const cabm::Tensor& t) {
-  cabm::Tensor out = cabm::Tensor::empty(t.shape(), cabm::DType::BF16);
-  cabm::float_to_bf16(t.data<float>(), out.data<cabm::bf16>(), t.numel());
-  return out;
-}
-
 int usage(const char* why) {
   std::fprintf(stderr,
                "bench_attention_tiles: %s\nusage: bench_attention_tiles [--n N] [--d D] [--batch B] [--heads H] "
@@ -63,7 +56,7 @@ void run(int64_t N, int64_t d, int64_t B, int64_t H, const std::string& mask, co
   std::mt19937 rng(1);
   cabm::Tensor q = random_tensor({B, N, H, d}, rng), k = random_tensor({B, N, H, d}, rng),
                v = random_tensor({B, N, H, d}, rng), dout = random_tensor({B, N, H, d}, rng);
-  if (bf16) q = as_bf16(q), k = as_bf16(k), v = as_bf16(v);
+  if (bf16) q = cabm::rounded_to_bf16(q), k = cabm::rounded_to_bf16(k), v = cabm::rounded_to_bf16(v);
   cabm::AttentionOptions options;
   if (mask == "causal") options.mask = cabm::Mask::causal();
   const size_t C = configs.size();
