@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # Trains the same character-level causal LM (architecture, hyper-parameters, data split,
 # initial weights, and the same training windows in the same order: bench/train_pytorch.py draws
-# cabm's) with PyTorch 1.13 and with cabm, one after the other on the same threads, and prints a
+# cabm's) with PyTorch and with cabm, one after the other on the same threads, and prints a
 # markdown table: training tokens/s and validation loss after the same steps.
 #
 #   bench/train_compare.sh [--preset default|big] [--steps N] [--threads N] [--seed S] [--cabm PATH]
+#                          [--precision fp32|bf16] [--python PATH]
+#
+# --precision bf16: `cabm train --precision bf16` against PyTorch under torch.autocast('cpu',
+# torch.bfloat16) (bf16 products, fp32 master weights in both). --python: the interpreter whose
+# PyTorch runs (default /usr/bin/python3, Debian's 1.13; .venv-bench/bin/python has a current one,
+# scripts/setup_bench_venv.sh).
 #
 # default: `cabm train`'s default model; big: the 6-layer E=256, H=8, F=1024, B=32, T=128
 # encoder of the reference numbers. Data: the fortunes corpus concatenated into one UTF-8 file
@@ -13,7 +19,7 @@ set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
-preset=default steps="" threads=2 seed=1337 cabm="$root/build/release/cabm" python=/usr/bin/python3
+preset=default steps="" threads=2 seed=1337 cabm="$root/build/release/cabm" python=/usr/bin/python3 precision=fp32
 while [ $# -gt 0 ]; do
   case "$1" in
     --preset) preset="$2"; shift 2 ;;
@@ -21,6 +27,8 @@ while [ $# -gt 0 ]; do
     --threads) threads="$2"; shift 2 ;;
     --seed) seed="$2"; shift 2 ;;
     --cabm) cabm="$2"; shift 2 ;;
+    --precision) precision="$2"; shift 2 ;;
+    --python) python="$2"; shift 2 ;;
     *) echo "train_compare.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -30,7 +38,11 @@ case "$preset" in
   big) model=(--layers 6 --heads 8 --d-model 256 --d-ff 1024 --batch-size 32 --seq-len 128); steps="${steps:-20}" ;;
   *) echo "train_compare.sh: unknown preset $preset (default, big)" >&2; exit 2 ;;
 esac
-hyper=(--lr 2e-3 --warmup $((steps / 10 > 0 ? steps / 10 : 1)) --weight-decay 0.01 --clip 1.0 --dropout 0 --seed "$seed")
+case "$precision" in
+  fp32 | bf16) ;;
+  *) echo "train_compare.sh: unknown precision $precision (fp32, bf16)" >&2; exit 2 ;;
+esac
+hyper=(--precision "$precision" --lr 2e-3 --warmup $((steps / 10 > 0 ? steps / 10 : 1)) --weight-decay 0.01 --clip 1.0 --dropout 0 --seed "$seed")
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/cabm-train-bench-XXXXXX")"
 trap 'rm -rf "$work"' EXIT
@@ -50,8 +62,9 @@ cabm_val="$(sed -n "s/^step $steps: validation loss \([0-9.]*\).*/\1/p" <<<"$cab
 torch_tps="$("$python" -c 'import json,sys; print(round(json.loads(sys.argv[1])["tokens_per_second"]))' "$torch_json")"
 torch_val="$("$python" -c 'import json,sys; print("%.4f" % json.loads(sys.argv[1])["val_loss"])' "$torch_json")"
 ratio="$("$python" -c "print('%.2f' % ($cabm_tps / $torch_tps))")"
+torch_name="$("$python" -c 'import json,sys; print(json.loads(sys.argv[1])["framework"].replace("pytorch", "PyTorch"))' "$torch_json")"
 
-echo "| framework | threads | steps | training tokens/s | validation loss (nats/byte) |"
-echo "|---|---|---|---|---|"
-echo "| PyTorch 1.13 | $threads | $steps | $torch_tps | $torch_val |"
-echo "| cabm | $threads | $steps | $cabm_tps (x$ratio) | $cabm_val |"
+echo "| framework | precision | threads | steps | training tokens/s | validation loss (nats/byte) |"
+echo "|---|---|---|---|---|---|"
+echo "| $torch_name | $precision | $threads | $steps | $torch_tps | $torch_val |"
+echo "| cabm | $precision | $threads | $steps | $cabm_tps (x$ratio) | $cabm_val |"

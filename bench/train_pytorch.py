@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""PyTorch 1.13 twin of `cabm train` (task lm), for the side-by-side benchmark in
-bench/train_compare.sh (see docs/training.md).
+"""PyTorch twin of `cabm train` (task lm), for the side-by-side benchmark in
+bench/train_compare.sh (see docs/training.md). Runs on Debian's PyTorch 1.13 or a current one;
+--precision bf16 trains under CPU autocast, as `cabm train --precision bf16` does.
 
 Same architecture (token + learned position embeddings -> nn.TransformerEncoder with
 batch_first, norm_first, GELU, causal mask, final LayerNorm -> tied head), same
@@ -151,6 +152,10 @@ def main():
     ap.add_argument("--clip", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: the forward and loss under torch.autocast('cpu', torch.bfloat16), the mixed "
+                         "precision of `cabm train --precision bf16` (bf16 products, fp32 master weights and "
+                         "optimizer); needs a PyTorch whose CPU autocast covers its matmuls (1.10 or newer)")
     ap.add_argument("--eval-windows", type=int, default=64)
     ap.add_argument("--windows", choices=["cabm", "torch"], default="cabm",
                     help="training windows: cabm's for the same --seed (default) or torch's generator")
@@ -189,7 +194,9 @@ def main():
                 chunk = offsets[i:i + B]
                 x = torch.stack([val_t[o:o + T] for o in chunk])
                 y = torch.stack([val_t[o + 1:o + T + 1] for o in chunk])
-                total += F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1)).item() * len(chunk)
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+                    logits = model(x)
+                total += F.cross_entropy(logits.float().reshape(-1, V), y.reshape(-1)).item() * len(chunk)
         model.train()
         return total / len(offsets)
 
@@ -205,7 +212,8 @@ def main():
         x = torch.stack([train_t[o:o + T] for o in offs])
         y = torch.stack([train_t[o + 1:o + T + 1] for o in offs])
         opt.zero_grad(set_to_none=False)
-        loss = F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+            loss = F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         for group in opt.param_groups:
@@ -218,6 +226,7 @@ def main():
                   file=sys.stderr, flush=True)
     val = evaluate()
     print(json.dumps({"framework": "pytorch " + torch.__version__, "threads": args.threads, "steps": args.steps,
+                      "precision": args.precision,
                       "tokens_per_second": args.steps * B * T / train_seconds, "train_seconds": train_seconds,
                       "final_train_loss": sum(losses[-10:]) / len(losses[-10:]), "val_loss": val,
                       "val_bits_per_byte": val / math.log(2)}))
