@@ -3,7 +3,8 @@ the test suite (tests/fixtures/hf_make_*.py):
 
   tokenizers  random lines (scripts, whitespace kinds, controls, combining marks, emoji, special
               tokens' text, long words and long lines) through `cabm tokenize` and transformers' fast
-              tokenizer (truncation=True), for every tokenizer directory of the fixtures;
+              tokenizer (truncation=True), alone and as sentence pairs, at the tokenizer's maximum
+              length and at a random --max-length, for every tokenizer directory of the fixtures;
   models      random BERT, RoBERTa, XLM-R and DistilBERT configs (odd head sizes, every supported
               activation, layer-norm eps, positions, token types, labels, multi-label heads) built
               and saved by transformers, with a fixture tokenizer, through `cabm embed --pooling none`
@@ -67,33 +68,49 @@ def write_lines(path, lines):
 
 
 def check_tokenizers(args, rng, work):
+    """Each tokenizer three ways: single lines at its own maximum length, single lines and sentence
+    pairs (the pair template, 'longest_first' truncation) at a random --max-length."""
     lines = [random_line(rng) for _ in range(args.cases)]
-    path = os.path.join(work, "lines.txt")
+    seconds = [random_line(rng) for _ in range(args.cases)]
+    path, pair_path = os.path.join(work, "lines.txt"), os.path.join(work, "seconds.txt")
     write_lines(path, lines)
+    write_lines(pair_path, seconds)
     differing = 0
     for name in sorted(os.listdir(args.fixtures)):
         directory = os.path.join(args.fixtures, name)
         if not os.path.isdir(directory) or not os.path.exists(os.path.join(directory, "tokenizer_config.json")):
             continue
         tok = transformers.AutoTokenizer.from_pretrained(directory, use_fast=True)
-        out = os.path.join(work, name + ".safetensors")
-        p = subprocess.run([args.cabm, "tokenize", "--model", directory, "--input", path, "--output", out],
-                           capture_output=True, text=True)
-        if p.returncode != 0:
-            print(f"{name}: cabm tokenize failed: {p.stderr.strip()}")
-            differing += 1
-            continue
-        got = load_file(out)
-        bad = []
-        for i, line in enumerate(lines):
-            mine = [int(x) for x, m in zip(got["input_ids"][i], got["attention_mask"][i]) if m]
-            theirs = tok(line, truncation=True)["input_ids"]
-            if mine != theirs:
-                bad.append((i, mine, theirs))
-        print(f"{name}: {len(bad)} of {len(lines)} lines differ")
-        for i, mine, theirs in bad[:3]:
-            print(f"  line {i} {lines[i]!r}\n    transformers {theirs[:40]}\n    cabm         {mine[:40]}")
-        differing += len(bad)
+        max_length = rng.randint(8, 64)
+        for pairs, limit in ((False, None), (False, max_length), (True, max_length)):
+            what = f"{name}{' pairs' if pairs else ''}{f' --max-length {limit}' if limit else ''}"
+            out = os.path.join(work, name + ".safetensors")
+            command = [args.cabm, "tokenize", "--model", directory, "--input", path, "--output", out]
+            command += ["--pair-input", pair_path] if pairs else []
+            command += ["--max-length", str(limit)] if limit else []
+            p = subprocess.run(command, capture_output=True, text=True)
+            if p.returncode != 0:
+                print(f"{what}: cabm tokenize failed: {p.stderr.strip()}")
+                differing += 1
+                continue
+            got = load_file(out)
+            # The batch call, as `cabm tokenize` promises: transformers' one-pair call tok(a, "")
+            # would take an empty second text as absent (docs/tokenizers.md).
+            extra = {"max_length": limit} if limit else {}
+            encoded = tok(lines, seconds, truncation=True, **extra) if pairs else tok(lines, truncation=True, **extra)
+            types = "token_type_ids" in got and "token_type_ids" in encoded
+            bad = []
+            for i, theirs in enumerate(encoded["input_ids"]):
+                kept = got["attention_mask"][i] != 0
+                mine = [int(x) for x in got["input_ids"][i][kept]]
+                if mine != theirs or (types and [int(x) for x in got["token_type_ids"][i][kept]] !=
+                                      encoded["token_type_ids"][i]):
+                    bad.append((i, mine, theirs))
+            print(f"{what}: {len(bad)} of {len(lines)} inputs differ")
+            for i, mine, theirs in bad[:3]:
+                shown = repr(lines[i]) + (f" + {seconds[i]!r}" if pairs else "")
+                print(f"  input {i} {shown}\n    transformers {theirs[:40]}\n    cabm         {mine[:40]}")
+            differing += len(bad)
     return differing
 
 
