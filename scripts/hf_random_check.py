@@ -7,8 +7,9 @@ the test suite (tests/fixtures/hf_make_*.py):
               length and at a random --max-length, for every tokenizer directory of the fixtures;
   models      random BERT, RoBERTa, XLM-R and DistilBERT configs (odd head sizes, every supported
               activation, layer-norm eps, positions, token types, labels, multi-label heads) built
-              and saved by transformers, with a fixture tokenizer, through `cabm embed --pooling none`
-              (last_hidden_state) or `cabm classify` (logits) against transformers' forward.
+              and saved by transformers, with a fixture tokenizer, on lines or sentence pairs, through
+              `cabm embed` (--pooling none, mean or cls, with or without --normalize) or `cabm
+              classify` (logits) against transformers' forward.
 
 Usage (the test virtual environment, after a build has made the fixtures):
   HF_HUB_OFFLINE=1 .venv/bin/python scripts/hf_random_check.py tokenizers|models \\
@@ -157,6 +158,9 @@ def random_model(rng, tokenizers_dir, case_seed):
 
 
 def check_models(args, rng, work):
+    """Each model on random lines, a third of them as sentence pairs; base models with --pooling
+    none (last_hidden_state), mean or cls, the pooled ones with or without --normalize
+    (sentence-transformers' masked mean and torch's F.normalize)."""
     differing = 0
     words = ("the quick brown fox jumps over lazy dog café naïve 日本 語 hello world don't it's 123 4.5 ! ? , . "
              "[CLS] <s> <mask> 😀 Ελληνικά Кириллица").split()
@@ -166,38 +170,65 @@ def check_models(args, rng, work):
         model.save_pretrained(directory, safe_serialization=True)
         for f in os.listdir(tok_dir):
             shutil.copy(os.path.join(tok_dir, f), directory)
-        lines = [" ".join(rng.choice(words) for _ in range(rng.randint(0, 40))) for _ in range(rng.randint(1, 12))]
+        count = rng.randint(1, 12)
+        lines = [" ".join(rng.choice(words) for _ in range(rng.randint(0, 40))) for _ in range(count)]
         write_lines(os.path.join(directory, "in.txt"), lines)
-        enc = tok(lines, padding=True, truncation=True, max_length=max_len, return_tensors="pt")
+        pairs = rng.random() < 0.3
+        seconds = [" ".join(rng.choice(words) for _ in range(rng.randint(0, 30))) for _ in range(count)]
+        write_lines(os.path.join(directory, "second.txt"), seconds)
+        enc = tok(lines, seconds if pairs else None, padding=True, truncation=True, max_length=max_len,
+                  return_tensors="pt")
         if isinstance(model, (transformers.DistilBertModel, transformers.DistilBertForSequenceClassification)):
             enc.pop("token_type_ids", None)
-        with torch.no_grad():
-            expected = model(**enc)
+        try:
+            with torch.no_grad():
+                expected = model(**enc)
+        except IndexError:  # an id past an embedding table (a pair's token type 1 with type_vocab_size 1)
+            expected = None
         out = os.path.join(directory, "out.safetensors")
         command = [args.cabm, "classify" if head else "embed", "--model", directory, "--input",
                    os.path.join(directory, "in.txt"), "--output", out, "--max-length", str(max_len),
                    "--batch-size", str(rng.randint(1, 5))]
-        if not head:
-            command += ["--pooling", "none"]
+        command += ["--pair-input", os.path.join(directory, "second.txt")] if pairs else []
+        pooling = None if head else rng.choice(["none", "mean", "cls"])
+        normalize = pooling in ("mean", "cls") and rng.random() < 0.4
+        if pooling:
+            command += ["--pooling", pooling] + (["--normalize"] if normalize else [])
+        what = f"{text}, {count} {'pairs' if pairs else 'lines'}" + (f", pooling {pooling}" if pooling else "") + \
+            (" normalized" if normalize else "")
         p = subprocess.run(command, capture_output=True, text=True)
+        if expected is None:  # cabm must refuse the input too, with a one-line error
+            ok = p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1
+            differing += 0 if ok else 1
+            print(f"case {case} {'ok' if ok else 'DIFFERS'}: transformers raised IndexError, cabm exit {p.returncode}: "
+                  f"{p.stderr.strip()!r}, {what}")
+            continue
         if p.returncode != 0:
-            print(f"case {case} {text}: cabm failed: {p.stderr.strip()}")
+            print(f"case {case} {what}: cabm failed: {p.stderr.strip()}")
             differing += 1
             continue
         got = load_file(out)
+        mask = enc["attention_mask"].numpy()
         if head:
             want = expected.logits.numpy()
             diff = float(np.abs(got["logits"] - want).max())
-        else:
+        elif pooling == "none":
             want = expected.last_hidden_state.numpy()
-            mask = enc["attention_mask"].numpy()
             diff = 0.0
-            for i in range(len(lines)):
+            for i in range(count):
                 n, m = int(got["attention_mask"][i].sum()), int(mask[i].sum())
                 diff = max(diff, float("inf") if n != m else float(np.abs(got["last_hidden_state"][i, :n] - want[i, :m]).max()))
+        else:
+            h = expected.last_hidden_state
+            m = enc["attention_mask"].unsqueeze(-1).float()
+            pooled = (h * m).sum(1) / m.sum(1).clamp(min=1e-9) if pooling == "mean" else h[:, 0]
+            if normalize:
+                pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+            want = pooled.numpy()
+            diff = float(np.abs(got["embeddings"] - want).max())
         ok = diff <= 1e-4 * max(1.0, float(np.abs(want).max()))
         differing += 0 if ok else 1
-        print(f"case {case} {'ok' if ok else 'DIFFERS'}: max |diff| {diff:.2e}, {text}, {len(lines)} lines")
+        print(f"case {case} {'ok' if ok else 'DIFFERS'}: max |diff| {diff:.2e}, {what}")
     return differing
 
 

@@ -15,6 +15,30 @@
 #include <numeric>
 
 namespace cabm {
+namespace {
+
+// A tokenizer from another model, or a pair's second token type on a model with one type
+// (type_vocab_size 1: RoBERTa-style configs given a BERT tokenizer), would index past an embedding
+// table. The encoder refuses such ids too, but by batch row after sorting; here the error names the
+// input line and the config key.
+void check_ids_fit_model(const TokenizedText& t, const HfEncoderConfig& config, bool types, bool pair,
+                         const std::string& source, size_t line) {
+  for (int64_t id : t.input_ids)
+    if (id < 0 || id >= config.vocab_size)
+      throw Error(
+          fmt::format("{}: line {}: the tokenizer gave token id {}, outside the {} ids of {} (vocab_size): "
+                      "is the tokenizer this model's?",
+                      source, line, id, config.vocab_size, config.path));
+  if (!types) return;
+  const int64_t type_count = std::max<int64_t>(config.type_vocab_size, 1);
+  for (int64_t type : t.token_type_ids)
+    if (type < 0 || type >= type_count)
+      throw Error(fmt::format("{}: line {}: token type {}{} is outside the {} token type{} of {} (type_vocab_size)",
+                              source, line, type, pair ? " (the pair's second text)" : "", type_count,
+                              type_count == 1 ? "" : "s", config.path));
+}
+
+}  // namespace
 
 std::vector<HfSequence> hf_tokenize(const HfTokenizer& tokenizer, const HfEncoder& model,
                                     const std::vector<std::string>& texts, const std::vector<std::string>& pairs,
@@ -39,6 +63,7 @@ std::vector<HfSequence> hf_tokenize(const HfTokenizer& tokenizer, const HfEncode
           fmt::format("{}: line {}: {} tokens, more than the {} positions of {} (max_position_embeddings); "
                       "pass --max-length",
                       source, i + 1, t.input_ids.size(), model.config.max_tokens(), model.config.path));
+    check_ids_fit_model(t, model.config, types, !pairs.empty(), source, i + 1);
     out.push_back(HfSequence{std::move(t.input_ids), types ? std::move(t.token_type_ids) : std::vector<int64_t>()});
   }
   return out;

@@ -29,8 +29,10 @@ struct HfSequence {
 // token types kept only when the model takes them. With `pairs` (non-empty: one second text per
 // text), each input is the pair (texts[i], pairs[i]) (HfTokenizer::encode_pair: BERT's token
 // types 0 then 1 reach the token-type embeddings). An input the tokenizer refuses is an error
-// naming `source` and the line (1-based). Tokenised inputs longer than the model's position table
-// are an error naming the model and the limit.
+// naming `source` and the line (1-based). Tokenised inputs longer than the model's position table,
+// and token ids or token types outside the model's tables (vocab_size, type_vocab_size: another
+// model's tokenizer, a pair on a model with one token type) are errors naming the line, the model
+// and the config key.
 std::vector<HfSequence> hf_tokenize(const HfTokenizer& tokenizer, const HfEncoder& model,
                                     const std::vector<std::string>& texts, const std::vector<std::string>& pairs,
                                     int64_t max_length, const std::string& source);

@@ -7,6 +7,7 @@
 #include "cabm/core/threads.h"
 #include "cabm/interop/hf_encoder.h"
 #include "cabm/interop/hf_pipeline.h"
+#include "cabm/io/hf_tokenizer.h"
 #include "cabm/io/safetensors.h"
 #include "util/test_util.h"
 
@@ -469,6 +470,42 @@ TEST(HfRefusals, NonFiniteWeights) {
                                      "be finite)",
                                      c.key, c.value)});
   }
+}
+
+TEST(HfRefusals, TokensOutsideTheModelsTables) {
+  // A model with one token type given sentence pairs (BERT's second text has type 1), and a model
+  // whose vocabulary is smaller than its tokenizer's: transformers fails with an IndexError in
+  // its embedding; cabm names the input line and the config key before running anything.
+  const std::string key = "bert.embeddings.token_type_embeddings.weight";
+  const fs::path one_type = copy_model("bert_cls_tok", "one_type", [](nlohmann::json& c) { c["type_vocab_size"] = 1; });
+  Tensor types = read_safetensors((one_type / "model.safetensors").string()).get(key).narrow(0, 0, 1).clone();
+  edit_weights(one_type, key, &types);
+  const HfEncoder model = load_hf_encoder(one_type);
+  const HfTokenizer tokenizer = HfTokenizer::load(one_type);
+  EXPECT_EQ(hf_tokenize(tokenizer, model, {"one", "two"}, {}, 0, "in.txt").size(), 2u);  // single texts: type 0
+  const std::string pair_error = test::error_of([&] {
+    hf_tokenize(tokenizer, model, {"one", "two"}, {"", "second"}, 0, "in.txt");
+  });
+  EXPECT_NE(pair_error.find("in.txt: line 1: token type 1 (the pair's second text) is outside the 1 token type of"),
+            std::string::npos)
+      << pair_error;
+  EXPECT_NE(pair_error.find("config.json (type_vocab_size)"), std::string::npos) << pair_error;
+
+  const std::string words = "bert.embeddings.word_embeddings.weight";
+  const fs::path small = copy_model("bert_cls_tok", "small_vocab", [](nlohmann::json& c) { c["vocab_size"] = 1000; });
+  Tensor rows = read_safetensors((small / "model.safetensors").string()).get(words).narrow(0, 0, 1000).clone();
+  edit_weights(small, words, &rows);
+  const HfEncoder small_model = load_hf_encoder(small);
+  const HfTokenizer small_tokenizer = HfTokenizer::load(small);
+  // [CLS] is 101, "[SEP]" 102 in this vocabulary; "the" is 1996.
+  EXPECT_EQ(hf_tokenize(small_tokenizer, small_model, {""}, {}, 0, "in.txt").size(), 1u);
+  const std::string id_error = test::error_of([&] {
+    hf_tokenize(small_tokenizer, small_model, {"", "the"}, {}, 0, "in.txt");
+  });
+  EXPECT_NE(id_error.find("in.txt: line 2: the tokenizer gave token id 1996, outside the 1000 ids of"),
+            std::string::npos)
+      << id_error;
+  EXPECT_NE(id_error.find("(vocab_size)"), std::string::npos) << id_error;
 }
 
 TEST(HfRefusals, BadInputs) {
