@@ -17,10 +17,10 @@
 namespace cabm {
 namespace {
 
-// A tokenizer from another model, or a pair's second token type on a model with one type
-// (type_vocab_size 1: RoBERTa-style configs given a BERT tokenizer), would index past an embedding
-// table. The encoder refuses such ids too, but by batch row after sorting; here the error names the
-// input line and the config key.
+// A token id from another model's tokenizer, or the token type 1 of a pair's second text on a
+// model with one type (type_vocab_size 1), would index past an embedding table (transformers
+// raises an IndexError there). The encoder refuses such ids too, but by batch row after the length
+// sort; here the error names the input line and the config key.
 void check_ids_fit_model(const TokenizedText& t, const HfEncoderConfig& config, bool types, bool pair,
                          const std::string& source, size_t line) {
   for (int64_t id : t.input_ids)

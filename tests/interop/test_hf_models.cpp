@@ -472,14 +472,19 @@ TEST(HfRefusals, NonFiniteWeights) {
   }
 }
 
+// bert_cls_tok with one embedding table cut to its first `rows` rows and its config key to match.
+fs::path cut_table(const std::string& to, const std::string& config_key, const std::string& table, int64_t rows) {
+  const fs::path dir = copy_model("bert_cls_tok", to, [&](nlohmann::json& c) { c[config_key] = rows; });
+  const Tensor cut = read_safetensors((dir / "model.safetensors").string()).get(table).narrow(0, 0, rows).clone();
+  edit_weights(dir, table, &cut);
+  return dir;
+}
+
 TEST(HfRefusals, TokensOutsideTheModelsTables) {
   // A model with one token type given sentence pairs (BERT's second text has type 1), and a model
   // whose vocabulary is smaller than its tokenizer's: transformers fails with an IndexError in
   // its embedding; cabm names the input line and the config key before running anything.
-  const std::string key = "bert.embeddings.token_type_embeddings.weight";
-  const fs::path one_type = copy_model("bert_cls_tok", "one_type", [](nlohmann::json& c) { c["type_vocab_size"] = 1; });
-  Tensor types = read_safetensors((one_type / "model.safetensors").string()).get(key).narrow(0, 0, 1).clone();
-  edit_weights(one_type, key, &types);
+  const fs::path one_type = cut_table("one_type", "type_vocab_size", "bert.embeddings.token_type_embeddings.weight", 1);
   const HfEncoder model = load_hf_encoder(one_type);
   const HfTokenizer tokenizer = HfTokenizer::load(one_type);
   EXPECT_EQ(hf_tokenize(tokenizer, model, {"one", "two"}, {}, 0, "in.txt").size(), 2u);  // single texts: type 0
@@ -491,10 +496,7 @@ TEST(HfRefusals, TokensOutsideTheModelsTables) {
       << pair_error;
   EXPECT_NE(pair_error.find("config.json (type_vocab_size)"), std::string::npos) << pair_error;
 
-  const std::string words = "bert.embeddings.word_embeddings.weight";
-  const fs::path small = copy_model("bert_cls_tok", "small_vocab", [](nlohmann::json& c) { c["vocab_size"] = 1000; });
-  Tensor rows = read_safetensors((small / "model.safetensors").string()).get(words).narrow(0, 0, 1000).clone();
-  edit_weights(small, words, &rows);
+  const fs::path small = cut_table("small_vocab", "vocab_size", "bert.embeddings.word_embeddings.weight", 1000);
   const HfEncoder small_model = load_hf_encoder(small);
   const HfTokenizer small_tokenizer = HfTokenizer::load(small);
   // [CLS] is 101, "[SEP]" 102 in this vocabulary; "the" is 1996.
