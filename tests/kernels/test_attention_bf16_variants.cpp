@@ -110,20 +110,6 @@ std::vector<int64_t> random_positions(int64_t n, int64_t range, uint64_t seed) {
 
 // --- bounds -----------------------------------------------------------------------------------
 
-double alibi_bound(const Case& c) {
-  const AttentionOptions& o = c.options;
-  if (o.alibi_slopes.empty()) return 0.0;
-  double slope = 0;
-  for (float x : o.alibi_slopes) slope = std::max(slope, std::fabs(static_cast<double>(x)));
-  int64_t distance = 0;
-  for (int64_t i = 0; i < c.s.N; ++i) {
-    const int64_t qpos = o.q_positions.empty() ? c.s.M - c.s.N + i : o.q_positions[i];
-    for (int64_t j = 0; j < c.s.M; ++j)
-      distance = std::max<int64_t>(distance, std::llabs(qpos - (o.k_positions.empty() ? j : o.k_positions[j])));
-  }
-  return slope * static_cast<double>(distance);
-}
-
 struct Bounds {
   double smax, rel, out, lse, max_a;
 };
@@ -134,7 +120,7 @@ Bounds derive_bounds(const Case& c, const Inputs& in) {
   double bias = test::smax_bound(scale, in.q.f32, in.k.f32, o.mask);
   const double product = std::fabs(scale) * static_cast<double>(c.s.d) * max_abs(in.q.f32) * max_abs(in.k.f32);
   bias -= product;  // smax_bound = product + biases
-  b.smax = (o.softcap > 0 ? std::min<double>(o.softcap, product) : product) + alibi_bound(c) + bias;
+  b.smax = (o.softcap > 0 ? std::min<double>(o.softcap, product) : product) + test::alibi_bound(o, c.s.N, c.s.M) + bias;
   b.rel = 2.0 * (test::relative_bound(c.s, b.smax) + 2.0 * kVariantRoundings * kU * b.smax);
   const double keep = 1.0 / (1.0 - o.dropout), vmax = max_abs(in.v.f32);
   b.out = (kUWeights + b.rel) * keep * vmax;

@@ -23,7 +23,6 @@
 namespace cabm {
 namespace {
 
-using test::kU;
 using test::max_abs;
 using test::Outcome;
 
@@ -84,64 +83,6 @@ Outcome run_reference(const test::Inputs& in, const AttentionOptions& options) {
   return test::run_reference(in.q, in.k, in.v, in.g, options, true);
 }
 
-// --- tolerances ---------------------------------------------------------------------------------
-
-// The largest |qpos − kpos| · |slope| of the ALiBi bias (0 without ALiBi).
-double alibi_bound(const AttentionOptions& o, int64_t N, int64_t M) {
-  if (o.alibi_slopes.empty()) return 0.0;
-  double slope = 0, qlo = 1e300, qhi = -1e300, klo = 1e300, khi = -1e300;
-  for (float x : o.alibi_slopes) slope = std::max(slope, std::fabs(static_cast<double>(x)));
-  for (int64_t i = 0; i < N; ++i) {
-    const double p = static_cast<double>(o.q_positions.empty() ? M - N + i : o.q_positions[i]);
-    qlo = std::min(qlo, p), qhi = std::max(qhi, p);
-  }
-  for (int64_t j = 0; j < M; ++j) {
-    const double p = static_cast<double>(o.k_positions.empty() ? j : o.k_positions[j]);
-    klo = std::min(klo, p), khi = std::max(khi, p);
-  }
-  return slope * std::max(std::fabs(qhi - klo), std::fabs(khi - qlo));
-}
-
-// test::relative_bound (Higham's γ_n for a float kernel against exact math) with the score bound
-// smax = |scale|·d·max|q|·max|k| (the error of the product; soft-capping only shrinks it, its
-// derivative being <= 1) + the ALiBi bias + the mask's biases, and the error of tanh: a few ulps
-// of c (8u·c, twice for the score and lse). dK sums over the group·N query rows of a key/value
-// head. Doubled: both kernels compared carry it. score_bound replaces the product's part of smax
-// where a test knows better (see SoftcapWithLargeLogits).
-double relative_bound(const test::Inputs& in, const AttentionOptions& o, double score_bound = -1.0) {
-  const int64_t N = in.q.size(1), M = in.k.size(1), group = in.q.size(2) / in.k.size(2);
-  const double product = score_bound >= 0.0 ? score_bound + test::smax_bound(0.0, in.q, in.k, o.mask)
-                                             : test::smax_bound(attention_scale(o, in.q.size(3)), in.q, in.k, o.mask);
-  const double smax = product + alibi_bound(o, N, M);
-  test::Dims s = test::dims_of(in.q, in.k, in.v);
-  s.N *= group;
-  return 2.0 * (test::relative_bound(s, smax) + 16.0 * kU * o.softcap);
-}
-
-// The magnitudes the relative bound applies to (as test_attention_flash.cpp): the output is an
-// average of rows of v; dS = P∘(dP − D) is relative to dv·max|dO|·max|v|; dQ = scale·Σ_j dS K with
-// Σ_j P = 1, dK = scale·Σ_i dSᵀ Q over the group's query rows (column sums of P: group·N/M on
-// average, at least 1). Soft-capping multiplies dS by 1 − tanh² <= 1.
-struct Magnitudes {
-  double out, ds, dq, dk;
-};
-Magnitudes magnitudes(const test::Inputs& in, const AttentionOptions& options) {
-  const double scale = attention_scale(options, in.q.size(3));
-  const double group = static_cast<double>(in.q.size(2) / in.k.size(2));
-  const double ds = static_cast<double>(in.v.size(3)) * max_abs(in.g) * max_abs(in.v);
-  const double column_sum = std::max(1.0, std::ceil(group * static_cast<double>(in.q.size(1)) / in.k.size(1)));
-  return {max_abs(in.v) / (1.0 - options.dropout), ds, scale * max_abs(in.k) * ds,
-          scale * max_abs(in.q) * ds * column_sum};
-}
-
-void compare_runs(const Outcome& flash, const Outcome& ref, double rel, const Magnitudes& m) {
-  test::expect_within(flash.out, ref.out, rel * m.out, "out");
-  test::expect_within(flash.lse, ref.lse, rel * (1.0 + max_abs(ref.lse)), "lse");
-  test::expect_within(flash.grads.dq, ref.grads.dq, rel * std::max(max_abs(ref.grads.dq), m.dq), "dq");
-  test::expect_within(flash.grads.dk, ref.grads.dk, rel * std::max(max_abs(ref.grads.dk), m.dk), "dk");
-  test::expect_within(flash.grads.dv, ref.grads.dv, rel * std::max(max_abs(ref.grads.dv), m.out), "dv");
-}
-
 void check(const Case& c) {
   SCOPED_TRACE(describe(c));
   ASSERT_TRUE(flash_supports_variants(c.s.H, c.s.Hkv, c.options));
@@ -151,7 +92,8 @@ void check(const Case& c) {
     const test::ScopedSimdIsa pin(isa);
     SCOPED_TRACE(std::string("isa ") + flash_isa());
     ASSERT_STREQ(flash_isa(), simd_isa_name(isa));
-    compare_runs(run_flash(in, c.options, c.config), ref, relative_bound(in, c.options), magnitudes(in, c.options));
+    test::expect_variant_close(run_flash(in, c.options, c.config), ref, test::variants_relative_bound(in, c.options),
+                               test::variant_magnitudes(in, c.options));
   }
 }
 
@@ -245,7 +187,8 @@ TEST(FlashVariants, SoftcapWithLargeLogits) {
       SCOPED_TRACE(describe(c));
       const Outcome ref = run_reference(in, c.options);
       const Outcome flash = run_flash(in, c.options, c.config);
-      compare_runs(flash, ref, relative_bound(in, c.options, cap), magnitudes(in, c.options));
+      test::expect_variant_close(flash, ref, test::variants_relative_bound(in, c.options, cap),
+                                 test::variant_magnitudes(in, c.options));
     }
 }
 
@@ -415,14 +358,14 @@ TEST(FlashVariants, ThreadCountsAgreeBitForBit) {
     EXPECT_EQ(one.lse.to_vector(), two.lse.to_vector());
     EXPECT_EQ(one.grads.dk.to_vector(), two.grads.dk.to_vector());
     EXPECT_EQ(one.grads.dv.to_vector(), two.grads.dv.to_vector());
-    const double rel = relative_bound(in, c.options);
-    const Magnitudes m = magnitudes(in, c.options);
+    const double rel = test::variants_relative_bound(in, c.options);
+    const test::VariantMagnitudes m = test::variant_magnitudes(in, c.options);
     if (s.B * s.Hkv % 2 == 0) {
       EXPECT_EQ(one.grads.dq.to_vector(), two.grads.dq.to_vector()) << "whole heads: dq has one writer";
     } else {  // dq sums per-thread partials: equal up to the order of a few additions
       test::expect_within(two.grads.dq, one.grads.dq, rel * std::max(max_abs(one.grads.dq), m.dq), "dq");
     }
-    compare_runs(two, run_reference(in, c.options), rel, m);
+    test::expect_variant_close(two, run_reference(in, c.options), rel, m);
     // The same run again: deterministic for a given thread count.
     test::ScopedThreads threads(2);
     const Outcome again = run_flash(in, c.options, c.config);
@@ -452,9 +395,9 @@ TEST(FlashVariants, ThreadCountsAgreeForLongMqaHeads) {
   EXPECT_EQ(one.out.to_vector(), two.out.to_vector());
   EXPECT_EQ(one.grads.dk.to_vector(), two.grads.dk.to_vector());
   EXPECT_EQ(one.grads.dv.to_vector(), two.grads.dv.to_vector());
-  const double rel = relative_bound(in, c.options);
-  test::expect_within(two.grads.dq, one.grads.dq, rel * std::max(max_abs(one.grads.dq), magnitudes(in, c.options).dq),
-                      "dq");
+  const double rel = test::variants_relative_bound(in, c.options);
+  test::expect_within(two.grads.dq, one.grads.dq,
+                      rel * std::max(max_abs(one.grads.dq), test::variant_magnitudes(in, c.options).dq), "dq");
 }
 
 // --- fully masked rows --------------------------------------------------------------------------------
@@ -486,7 +429,8 @@ TEST(FlashVariants, FullyMaskedRowsGiveZeros) {
         for (int64_t e = 0; e < s.dv; ++e) ASSERT_EQ(r.grads.dv.at({b, j, hk, e}), 0.0f) << b << " " << j;
       }
   }
-  compare_runs(r, run_reference(in, c.options), relative_bound(in, c.options), magnitudes(in, c.options));
+  test::expect_variant_close(r, run_reference(in, c.options), test::variants_relative_bound(in, c.options),
+                             test::variant_magnitudes(in, c.options));
 }
 
 // --- the entry point --------------------------------------------------------------------------------
@@ -513,8 +457,8 @@ TEST(FlashVariants, EntryPointRunsTheFlashKernelWithSinks) {
   Tensor dsinks = Tensor::empty({s.H});
   AttentionGrads ref_grads{ref.grads.dq, ref.grads.dk, ref.grads.dv, dsinks};
   attention_reference_backward({in.q, in.k, in.v, ref.out, Tensor()}, in.g, c.options, ref_grads);
-  const double rel = relative_bound(in, c.options);
-  compare_runs(flash, ref, rel, magnitudes(in, c.options));
+  const double rel = test::variants_relative_bound(in, c.options);
+  test::expect_variant_close(flash, ref, rel, test::variant_magnitudes(in, c.options));
   // dsinks sums −p_σ·D over B·N rows, each D a dv-long dot of magnitude <= dv·max|dO|·max|O|.
   const double dsink_scale = static_cast<double>(s.B * s.N * s.dv) * max_abs(in.g) * max_abs(ref.out);
   test::expect_within(flash.grads.dsinks, dsinks, rel * dsink_scale, "dsinks");
@@ -548,7 +492,8 @@ TEST(FlashVariants, Bf16SimdPathRunsTheVariants) {
             {Tensor::empty(in.q.shape()), Tensor::empty(in.k.shape()), Tensor::empty(in.v.shape())}};
   detail::attention_flash_bf16_forward_simd(q16, k16, v16, c.options, r.out, &r.lse, c.config);
   detail::attention_flash_bf16_backward_simd({q16, k16, v16, r.out, r.lse}, in.g, c.options, r.grads, c.config);
-  compare_runs(r, ref, relative_bound(wide, c.options) + 8.0 * 0x1p-9, magnitudes(wide, c.options));
+  test::expect_variant_close(r, ref, test::variants_relative_bound(wide, c.options) + 8.0 * 0x1p-9,
+                             test::variant_magnitudes(wide, c.options));
 }
 
 TEST(FlashVariants, SupportsEveryCombination) {

@@ -9,16 +9,15 @@
 // `CABM_RANDOM_CASES=3000 build/release/tests/test_attention_random` takes a few minutes and
 // exercises the paths only that CPU has (AMX tiles, AVX2-only caches) with thousands of cases.
 //
-// Tolerances. fp32: test_attention_flash_variants.cpp's bound (Higham's γ_n of each sum, the score
-// bound smax = |scale|·d·max|q|·max|k| + ALiBi + the additive biases, the tanh roundings of
-// soft-capping; doubled, both kernels carry it) on the same magnitudes. bf16: the reference on the
+// Tolerances. fp32: test_attention_flash_variants.cpp's bound (util/attention_cases.h: Higham's γ_n
+// of each sum, the score bound smax = |scale|·d·max|q|·max|k| + ALiBi + the additive biases, the
+// tanh roundings of soft-capping; doubled, both kernels carry it) on the same magnitudes. bf16: the reference on the
 // bf16 values, and on top of the fp32 bound the roundings the bf16 kernels add (P, dO, P∘z and dS
 // to bf16: 2^-9 relative each; 8·2^-9 covers the few each result goes through), as that test's
 // Bf16SimdPathRunsTheVariants. A kernel that dropped a mask part, a variant or a key tile, or read
 // the wrong key/value head, would be off by a large fraction of the magnitudes; the fp32 bound is
 // near 1e-5 of them here. Thread counts: the same bits (the kernels' contract).
 #include "cabm/core/rng.h"
-#include "cabm/core/threads.h"
 #include "cabm/kernels/attention/attention.h"
 #include "cabm/kernels/attention/flash_bf16.h"
 #include "cabm/kernels/bf16.h"
@@ -41,8 +40,8 @@ namespace cabm {
 namespace {
 
 using test::Dims;
-using test::kU;
 using test::max_abs;
+using test::Outcome;
 
 int env_int(const char* name, int fallback) {
   const char* value = std::getenv(name);
@@ -140,93 +139,58 @@ Case draw_case(Draw& r) {
   return c;
 }
 
-struct Results {
-  Tensor out, lse, dq, dk, dv, dsinks;
-};
-
-// The entry points (or the reference, on F32 copies of the operands) with strided outputs.
-Results run(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Case& c, bool reference) {
+// The entry points (or the reference, on F32 copies of the operands) into NaN-filled strided
+// outputs, as nn/ allocates them; dsinks when the case has sinks.
+Outcome run(const test::Inputs& in, const Case& c, bool reference) {
   const AttentionOptions& o = c.options;
-  Results r;
+  Outcome r;
   r.out = Tensor::full({c.B, c.N, c.H, c.dv + 3}, NAN).narrow(3, 1, c.dv);
   r.lse = Tensor::full({c.B, c.H, c.N}, NAN);
-  r.dq = Tensor::full({c.B, c.N, c.H, c.d + 1}, NAN).narrow(3, 0, c.d);
   const Tensor kv = Tensor::full({c.B, c.M, c.Hkv, c.d + c.dv}, NAN);
-  r.dk = kv.narrow(3, 0, c.d);
-  r.dv = kv.narrow(3, c.d, c.dv);
-  AttentionGrads grads{r.dq, r.dk, r.dv};
-  if (o.sinks.defined()) r.dsinks = Tensor::full({c.H}, NAN), grads.dsinks = r.dsinks;
+  r.grads = {Tensor::full({c.B, c.N, c.H, c.d + 1}, NAN).narrow(3, 0, c.d), kv.narrow(3, 0, c.d),
+             kv.narrow(3, c.d, c.dv)};
+  if (o.sinks.defined()) r.grads.dsinks = Tensor::full({c.H}, NAN);
   if (reference) {
-    const Tensor q32 = widened_to_f32(q), k32 = widened_to_f32(k), v32 = widened_to_f32(v);
-    attention_reference_forward(q32, k32, v32, o, r.out, nullptr, &r.lse);
-    attention_reference_backward({q32, k32, v32, r.out, Tensor()}, g, o, grads);
+    const Tensor q = widened_to_f32(in.q), k = widened_to_f32(in.k), v = widened_to_f32(in.v);
+    attention_reference_forward(q, k, v, o, r.out, nullptr, &r.lse);
+    attention_reference_backward({q, k, v, r.out, Tensor()}, in.g, o, r.grads);
   } else {
-    attention_forward(q, k, v, o, r.out, &r.lse);
-    attention_backward({q, k, v, r.out, r.lse}, g, o, grads);
+    attention_forward(in.q, in.k, in.v, o, r.out, &r.lse);
+    attention_backward({in.q, in.k, in.v, r.out, r.lse}, in.g, o, r.grads);
   }
   return r;
 }
 
-bool same_bits(const Results& a, const Results& b) {
+bool same_bits(const Outcome& a, const Outcome& b) {
   const auto same = [](const Tensor& x, const Tensor& y) {
     if (!x.defined()) return !y.defined();
     const std::vector<float> u = x.to_vector(), w = y.to_vector();
     return std::equal(u.begin(), u.end(), w.begin(), w.end(),
                       [](float p, float q) { return std::memcmp(&p, &q, sizeof p) == 0; });
   };
-  return same(a.out, b.out) && same(a.lse, b.lse) && same(a.dq, b.dq) && same(a.dk, b.dk) && same(a.dv, b.dv) &&
-         same(a.dsinks, b.dsinks);
+  return same(a.out, b.out) && same(a.lse, b.lse) && same(a.grads.dq, b.grads.dq) && same(a.grads.dk, b.grads.dk) &&
+         same(a.grads.dv, b.grads.dv) && same(a.grads.dsinks, b.grads.dsinks);
 }
 
-// test_attention_flash_variants.cpp's bound: smax with ALiBi's largest term, the query rows of a
-// key/value head's group in the sums of dK and dV, the tanh roundings of soft-capping; doubled.
-double relative_bound(const Case& c, const Tensor& q, const Tensor& k) {
-  const AttentionOptions& o = c.options;
-  double alibi = 0;
-  if (!o.alibi_slopes.empty()) {
-    double slope = 0;
-    for (float x : o.alibi_slopes) slope = std::max(slope, std::fabs(static_cast<double>(x)));
-    const auto qpos = [&](int64_t i) { return o.q_positions.empty() ? c.M - c.N + i : o.q_positions[i]; };
-    const auto kpos = [&](int64_t j) { return o.k_positions.empty() ? j : o.k_positions[j]; };
-    const double far =
-        static_cast<double>(std::max(std::llabs(qpos(c.N - 1) - kpos(0)), std::llabs(kpos(c.M - 1) - qpos(0))));
-    alibi = slope * far;
+// Runs the entry points on 2 threads and on 1 (the same bits) and checks them against ref within
+// rel of test_attention_flash_variants' magnitudes (util/attention_cases.h); dsinks sums B·N
+// terms −p_σ·D, each D a dv-long dot (as that test's EntryPointRunsTheFlashKernelWithSinks).
+void check_path(const test::Inputs& in, const Case& c, const Outcome& ref, double rel) {
+  Outcome one, two;
+  {
+    const test::ScopedThreads threads(1);
+    one = run(in, c, false);
   }
-  const double smax = test::smax_bound(attention_scale(o, c.d), q, k, o.mask) + alibi;
-  const Dims s{c.B, c.N * (c.H / c.Hkv), c.M, c.H, c.d, c.dv};
-  return 2.0 * (test::relative_bound(s, smax) + 16.0 * kU * o.softcap);
-}
-
-void expect_close(const Results& got, const Results& ref, const Case& c, const Tensor& q, const Tensor& k,
-                  const Tensor& v, const Tensor& g, double rel) {
-  // The magnitudes of test_attention_flash_variants.cpp: out averages rows of v; dS is relative to
-  // dv·max|dO|·max|v|; dQ sums it with Σ_j P = 1, dK over the group's query rows (column sums of
-  // P, at least 1); dsinks sums B·N terms −p_σ·D, each D a dv-long dot.
-  const double scale = attention_scale(c.options, c.d), group = static_cast<double>(c.H / c.Hkv);
-  const double out = max_abs(v) / (1.0 - c.options.dropout);
-  const double ds = static_cast<double>(c.dv) * max_abs(g) * max_abs(v);
-  const double columns = std::max(1.0, std::ceil(group * static_cast<double>(c.N) / static_cast<double>(c.M)));
-  test::expect_within(got.out, ref.out, rel * out, "out");
-  test::expect_within(got.lse, ref.lse, rel * (1.0 + max_abs(ref.lse)), "lse");
-  test::expect_within(got.dq, ref.dq, rel * std::max(max_abs(ref.dq), scale * max_abs(k) * ds), "dq");
-  test::expect_within(got.dk, ref.dk, rel * std::max(max_abs(ref.dk), scale * max_abs(q) * ds * columns), "dk");
-  test::expect_within(got.dv, ref.dv, rel * std::max(max_abs(ref.dv), out), "dv");
-  if (ref.dsinks.defined()) {
-    const double terms = static_cast<double>(c.B * c.N * c.dv) * max_abs(g) * max_abs(ref.out);
-    test::expect_within(got.dsinks, ref.dsinks, rel * terms, "dsinks");
+  {
+    const test::ScopedThreads threads(2);
+    two = run(in, c, false);
   }
-}
-
-// Runs the entry points on 2 threads and on 1 (the same bits) and checks them against ref.
-void check_path(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Case& c, const Results& ref,
-                double rel) {
-  set_num_threads(2);
-  const Results two = run(q, k, v, g, c, false);
-  set_num_threads(1);
-  const Results one = run(q, k, v, g, c, false);
-  set_num_threads(2);
   EXPECT_TRUE(same_bits(one, two)) << "1 and 2 threads differ";
-  expect_close(two, ref, c, q, k, v, g, rel);
+  test::expect_variant_close(two, ref, rel, test::variant_magnitudes(in, c.options));
+  if (ref.grads.dsinks.defined()) {
+    const double terms = static_cast<double>(c.B * c.N * c.dv) * max_abs(in.g) * max_abs(ref.out);
+    test::expect_within(two.grads.dsinks, ref.grads.dsinks, rel * terms, "dsinks");
+  }
 }
 
 TEST(AttentionRandom, EveryPathMatchesTheReference) {
@@ -234,7 +198,6 @@ TEST(AttentionRandom, EveryPathMatchesTheReference) {
   const int seed = env_int("CABM_RANDOM_SEED", 1);
   ASSERT_GE(cases, 1) << "CABM_RANDOM_CASES must be a positive number of cases";
   std::printf("%d random cases from seed %d (CABM_RANDOM_CASES, CABM_RANDOM_SEED)\n", cases, seed);
-  const int threads = num_threads();
   std::vector<test::flash_bf16::PathSetting> bf16_paths{{Bf16Isa::kPortable}, {Bf16Isa::kAuto}};
   if (cpu_has_avx512_bf16()) {
     bf16_paths.push_back({Bf16Isa::kAvx512Bf16});
@@ -256,32 +219,33 @@ TEST(AttentionRandom, EveryPathMatchesTheReference) {
     const Tensor vb = test::random_tensor(vs, data + 2);
     const Tensor g = test::head_view(
         test::random_tensor(test::head_buffer_shape(c.B, c.N, c.H, c.dv, c.strided), data + 3), c.dv, c.strided);
-    const Tensor q = test::head_view(qb, c.d, c.strided), k = test::head_view(kb, c.d, c.strided),
-                 v = test::head_view(vb, c.dv, c.strided);
+    const test::Inputs in{test::head_view(qb, c.d, c.strided), test::head_view(kb, c.d, c.strided),
+                          test::head_view(vb, c.dv, c.strided), g};
 
-    set_num_threads(2);
-    const Results ref = run(q, k, v, g, c, true);
-    const double rel = relative_bound(c, q, k);
+    const test::ScopedThreads threads(2);
+    const Outcome ref = run(in, c, true);
+    const double rel = test::variants_relative_bound(in, c.options);
     for (SimdIsa isa : test::flash_isas()) {
       const test::ScopedSimdIsa pin(isa);
       SCOPED_TRACE(std::string("fp32 on ") + simd_isa_name(isa));
-      check_path(q, k, v, g, c, ref, rel);
+      check_path(in, c, ref, rel);
     }
 
-    const Tensor q16 = test::head_view(rounded_to_bf16(qb), c.d, c.strided);
-    const Tensor k16 = test::head_view(rounded_to_bf16(kb), c.d, c.strided);
-    const Tensor v16 = test::head_view(rounded_to_bf16(vb), c.dv, c.strided);
-    const Results ref16 = run(q16, k16, v16, g, c, true);
-    const double rel16 = relative_bound(c, widened_to_f32(q16), widened_to_f32(k16)) + 8.0 * 0x1p-9;
+    // bf16 operands; the reference and the bounds on their fp32 values.
+    const test::Inputs in16{test::head_view(rounded_to_bf16(qb), c.d, c.strided),
+                            test::head_view(rounded_to_bf16(kb), c.d, c.strided),
+                            test::head_view(rounded_to_bf16(vb), c.dv, c.strided), g};
+    const test::Inputs wide{widened_to_f32(in16.q), widened_to_f32(in16.k), widened_to_f32(in16.v), g};
+    const Outcome ref16 = run(in16, c, true);
+    const double rel16 = test::variants_relative_bound(wide, c.options) + 8.0 * 0x1p-9;
     for (const test::flash_bf16::PathSetting& setting : bf16_paths) {
       const test::flash_bf16::ScopedPath path(setting);
       SCOPED_TRACE(std::string("bf16 on ") + attention_flash_bf16_path() + " / " +
                    attention_flash_bf16_backward_path());
-      check_path(q16, k16, v16, g, c, ref16, rel16);
+      check_path(in16, c, ref16, rel16);
     }
     if (::testing::Test::HasFailure()) break;  // the first failing case says enough
   }
-  set_num_threads(threads);
 }
 
 }  // namespace

@@ -337,4 +337,48 @@ std::vector<FlashCase> single_key_cases() {
   return cases;
 }
 
+// --- bounds with the variants ----------------------------------------------------------------------
+
+double alibi_bound(const AttentionOptions& o, int64_t N, int64_t M) {
+  if (o.alibi_slopes.empty()) return 0.0;
+  double slope = 0, qlo = 1e300, qhi = -1e300, klo = 1e300, khi = -1e300;
+  for (float x : o.alibi_slopes) slope = std::max(slope, std::fabs(static_cast<double>(x)));
+  for (int64_t i = 0; i < N; ++i) {
+    const double p = static_cast<double>(o.q_positions.empty() ? M - N + i : o.q_positions[i]);
+    qlo = std::min(qlo, p), qhi = std::max(qhi, p);
+  }
+  for (int64_t j = 0; j < M; ++j) {
+    const double p = static_cast<double>(o.k_positions.empty() ? j : o.k_positions[j]);
+    klo = std::min(klo, p), khi = std::max(khi, p);
+  }
+  return slope * std::max(std::fabs(qhi - klo), std::fabs(khi - qlo));
+}
+
+double variants_relative_bound(const Inputs& in, const AttentionOptions& o, double score_bound) {
+  const int64_t N = in.q.size(1), M = in.k.size(1), group = in.q.size(2) / in.k.size(2);
+  const double product = score_bound >= 0.0 ? score_bound + smax_bound(0.0, in.q, in.k, o.mask)
+                                            : smax_bound(attention_scale(o, in.q.size(3)), in.q, in.k, o.mask);
+  const double smax = product + alibi_bound(o, N, M);
+  Dims s = dims_of(in.q, in.k, in.v);
+  s.N *= group;
+  return 2.0 * (relative_bound(s, smax) + 16.0 * kU * o.softcap);
+}
+
+VariantMagnitudes variant_magnitudes(const Inputs& in, const AttentionOptions& options) {
+  const double scale = attention_scale(options, in.q.size(3));
+  const double group = static_cast<double>(in.q.size(2) / in.k.size(2));
+  const double ds = static_cast<double>(in.v.size(3)) * max_abs(in.g) * max_abs(in.v);
+  const double column_sum = std::max(1.0, std::ceil(group * static_cast<double>(in.q.size(1)) / in.k.size(1)));
+  return {max_abs(in.v) / (1.0 - options.dropout), ds, scale * max_abs(in.k) * ds,
+          scale * max_abs(in.q) * ds * column_sum};
+}
+
+void expect_variant_close(const Outcome& fast, const Outcome& ref, double rel, const VariantMagnitudes& m) {
+  expect_within(fast.out, ref.out, rel * m.out, "out");
+  expect_within(fast.lse, ref.lse, rel * (1.0 + max_abs(ref.lse)), "lse");
+  expect_within(fast.grads.dq, ref.grads.dq, rel * std::max(max_abs(ref.grads.dq), m.dq), "dq");
+  expect_within(fast.grads.dk, ref.grads.dk, rel * std::max(max_abs(ref.grads.dk), m.dk), "dk");
+  expect_within(fast.grads.dv, ref.grads.dv, rel * std::max(max_abs(ref.grads.dv), m.out), "dv");
+}
+
 }  // namespace cabm::test

@@ -174,4 +174,31 @@ std::vector<FlashCase> large_logits_cases();
 // One key per item (softmax constant: dS is exactly 0), then with item 1 fully padded.
 std::vector<FlashCase> single_key_cases();
 
+// --- bounds with the variants (GQA, soft-capping, ALiBi) ----------------------------------------
+// For inputs q [B, N, H, d], k [B, M, Hkv, d], v, dO = g (test_attention_flash_variants,
+// test_attention_random).
+
+// The largest |qpos − kpos| · |slope| of the ALiBi bias (0 without ALiBi).
+double alibi_bound(const AttentionOptions& o, int64_t N, int64_t M);
+
+// test::relative_bound (Higham's γ_n for a float kernel against exact math) with the score bound
+// smax = |scale|·d·max|q|·max|k| (the error of the product; soft-capping only shrinks it, its
+// derivative being <= 1) + the ALiBi bias + the mask's biases, and the error of tanh: a few ulps
+// of c (8u·c, twice for the score and lse). dK sums over the group·N query rows of a key/value
+// head. Doubled: both kernels compared carry it. score_bound replaces the product's part of smax
+// where a test knows better (test_attention_flash_variants' SoftcapWithLargeLogits).
+double variants_relative_bound(const Inputs& in, const AttentionOptions& o, double score_bound = -1.0);
+
+// The magnitudes the relative bound applies to (as test_attention_flash.cpp): the output is an
+// average of rows of v; dS = P∘(dP − D) is relative to dv·max|dO|·max|v|; dQ = scale·Σ_j dS K with
+// Σ_j P = 1, dK = scale·Σ_i dSᵀ Q over the group's query rows (column sums of P: group·N/M on
+// average, at least 1). Soft-capping multiplies dS by 1 − tanh² <= 1.
+struct VariantMagnitudes {
+  double out, ds, dq, dk;
+};
+VariantMagnitudes variant_magnitudes(const Inputs& in, const AttentionOptions& options);
+
+// out, lse, dq, dk and dv of a fast kernel against the reference's within rel of those magnitudes.
+void expect_variant_close(const Outcome& fast, const Outcome& ref, double rel, const VariantMagnitudes& m);
+
 }  // namespace cabm::test
