@@ -270,7 +270,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, ClassifierParity, ::testing::Values("classifier_
 //
 // Their tolerance is kRandomTol = 1e-4, not kTol: random shapes meet ill-conditioned rows that
 // the fixed cases do not (a LayerNorm over 4 features two of which are nearly equal, a ReLU input
-// within rounding of 0), where float32 itself lands 1e-5 from float64; the worst seen over 2,400
+// within rounding of 0), where float32 itself lands 1e-5 from float64; the worst seen over 2,700
 // cases was 2.3e-5. Their floor is also 1% of the case's largest gradient (kCaseShare): where
 // every query row sees one key (M 1, T 1, or key padding down to one key), the true dQ and dK are
 // exactly 0; PyTorch's softmax backward P ∘ (dP − rowsum(P ∘ dP)) cancels exactly there, while
