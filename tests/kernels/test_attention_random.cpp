@@ -43,22 +43,8 @@ using test::Dims;
 using test::max_abs;
 using test::Outcome;
 
-int env_int(const char* name, int fallback) {
-  const char* value = std::getenv(name);
-  return value != nullptr && *value != '\0' ? std::atoi(value) : fallback;
-}
-
-// Draws from the host stream of cabm's Philox generator: the same cases on every machine.
-class Draw {
- public:
-  explicit Draw(uint64_t seed) : rng_(seed) {}
-  int64_t in(int64_t lo, int64_t hi) { return lo + static_cast<int64_t>(rng_.next_u32() % (hi - lo + 1)); }
-  bool chance(double p) { return rng_.next_uniform() < p; }
-  uint64_t seed() { return rng_.next_u32(); }
-
- private:
-  Rng rng_;
-};
+using test::Draw;
+using test::env_int;
 
 struct Case {
   int64_t B, N, M, H, Hkv, d, dv;

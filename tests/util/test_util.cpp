@@ -27,6 +27,11 @@ Tensor random_tensor(const Shape& shape, uint64_t seed, float lo, float hi) {
   return t;
 }
 
+int env_int(const char* name, int fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? std::atoi(value) : fallback;
+}
+
 Comparison compare(const Tensor& actual, const Tensor& expected, double rtol, double atol) {
   Comparison c;
   if (actual.shape() != expected.shape()) {

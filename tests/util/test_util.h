@@ -40,6 +40,22 @@ inline constexpr bool kAddressSanitizer = false;
 // scripts/emulated_cpu_check.sh, accepts the call and ignores it).
 bool address_limits_take_effect();
 
+// An integer environment variable (random tests' case counts and seeds), or fallback when unset.
+int env_int(const char* name, int fallback);
+
+// Random-test draws from the host stream of cabm's Philox generator: the same cases on every
+// machine.
+class Draw {
+ public:
+  explicit Draw(uint64_t seed) : rng_(seed) {}
+  int64_t in(int64_t lo, int64_t hi) { return lo + static_cast<int64_t>(rng_.next_u32() % (hi - lo + 1)); }
+  bool chance(double p) { return rng_.next_uniform() < p; }
+  uint64_t seed() { return rng_.next_u32(); }
+
+ private:
+  Rng rng_;
+};
+
 // Uniform in [lo, hi), deterministic in seed.
 Tensor random_tensor(const Shape& shape, uint64_t seed, float lo = -1.0f, float hi = 1.0f);
 
