@@ -60,28 +60,14 @@ TrainConfig fixture_config(const Fixture& fx, const std::string& out) {
   return c;
 }
 
-TextSplit dummy_text() {
-  TextSplit t;
-  t.source = "dummy";
-  t.train = std::string(256, 'a');
-  t.validation = std::string(256, 'b');
-  return t;
-}
-
 // Runs the 10 steps with the batch split into `micro` micro-batches and checks everything.
 void check_parity(int micro, int threads) {
   test::ScopedThreads scoped(threads);
   const Fixture fx = load_fixture();
   const TrainConfig config = fixture_config(fx, test::temp_dir() + "/parity");
-  LmTrainer trainer(config, dummy_text());
-  const Tensor& inputs = fx.batch.get("inputs");
-  const Tensor& targets = fx.batch.get("targets");
-  const int64_t B = inputs.size(0), rows = B / micro;
-  std::vector<Tensor> in, tg;
-  for (int m = 0; m < micro; ++m) {
-    in.push_back(inputs.narrow(0, m * rows, rows).clone());
-    tg.push_back(targets.narrow(0, m * rows, rows).clone());
-  }
+  LmTrainer trainer(config, test::placeholder_text());
+  const std::vector<Tensor> in = test::micro_batches(fx.batch.get("inputs"), micro);
+  const std::vector<Tensor> tg = test::micro_batches(fx.batch.get("targets"), micro);
   const std::vector<float> losses = fx.expected.get("losses").to_vector();
   const std::vector<float> norms = fx.expected.get("grad_norms").to_vector();
   const std::vector<float> lrs = fx.expected.get("lrs").to_vector();

@@ -66,14 +66,6 @@ TrainConfig case_config(const Case& c, const std::string& out) {
   return t;
 }
 
-TextSplit dummy_text() {
-  TextSplit t;
-  t.source = "dummy";
-  t.train = std::string(256, 'a');
-  t.validation = std::string(256, 'b');
-  return t;
-}
-
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
@@ -98,16 +90,10 @@ double distance(const Tensor& a, const Tensor& b) {  // ‖a − b‖₂
 void check_case(const Case& c, Worst& worst) {
   const TrainConfig config = case_config(c, test::temp_dir() + "/parity_random");
   test::ScopedThreads threads(static_cast<int>(c.integer("threads")));
-  LmTrainer trainer(config, dummy_text());
-  const Tensor& inputs = c.batch.get("inputs");
-  const Tensor& targets = c.batch.get("targets");
-  const int64_t rows = config.batch_size;
-  ASSERT_EQ(inputs.size(0), rows * config.accum);
-  std::vector<Tensor> in, tg;
-  for (int64_t m = 0; m < config.accum; ++m) {
-    in.push_back(inputs.narrow(0, m * rows, rows).clone());
-    tg.push_back(targets.narrow(0, m * rows, rows).clone());
-  }
+  LmTrainer trainer(config, test::placeholder_text());
+  ASSERT_EQ(c.batch.get("inputs").size(0), config.batch_size * config.accum);
+  const std::vector<Tensor> in = test::micro_batches(c.batch.get("inputs"), config.accum);
+  const std::vector<Tensor> tg = test::micro_batches(c.batch.get("targets"), config.accum);
   const std::vector<float> losses = c.expected.get("losses").to_vector();
   const std::vector<float> norms = c.expected.get("grad_norms").to_vector();
   const std::vector<float> lrs = c.expected.get("lrs").to_vector();

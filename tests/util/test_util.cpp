@@ -27,6 +27,22 @@ Tensor random_tensor(const Shape& shape, uint64_t seed, float lo, float hi) {
   return t;
 }
 
+TextSplit placeholder_text() {
+  TextSplit t;
+  t.source = "placeholder";
+  t.train = std::string(256, 'a');
+  t.validation = std::string(256, 'b');
+  return t;
+}
+
+std::vector<Tensor> micro_batches(const Tensor& batch, int64_t parts) {
+  const int64_t rows = batch.size(0) / parts;
+  CABM_CHECK(rows * parts == batch.size(0), "{} rows do not split into {} equal micro-batches", batch.size(0), parts);
+  std::vector<Tensor> out;
+  for (int64_t m = 0; m < parts; ++m) out.push_back(batch.narrow(0, m * rows, rows).clone());
+  return out;
+}
+
 int env_int(const char* name, int fallback) {
   const char* value = std::getenv(name);
   return value != nullptr && *value != '\0' ? std::atoi(value) : fallback;
@@ -53,8 +69,12 @@ Comparison compare(const Tensor& actual, const Tensor& expected, double rtol, do
   return c;
 }
 
-ScopedThreads::ScopedThreads(int threads) : previous_(num_threads()) { set_num_threads(threads); }
-ScopedThreads::~ScopedThreads() { set_num_threads(previous_); }
+ScopedThreads::ScopedThreads(int threads) : previous_(num_threads()) {
+  set_num_threads(threads);
+}
+ScopedThreads::~ScopedThreads() {
+  set_num_threads(previous_);
+}
 
 ScopedEnv::ScopedEnv(const char* name, const char* value) : name_(name) {
   const char* old = std::getenv(name);
@@ -73,8 +93,12 @@ ScopedEnv::~ScopedEnv() {
     ::unsetenv(name_.c_str());
 }
 
-std::string fixtures_dir() { return CABM_FIXTURES_DIR; }
-std::string cabm_binary() { return CABM_BINARY; }
+std::string fixtures_dir() {
+  return CABM_FIXTURES_DIR;
+}
+std::string cabm_binary() {
+  return CABM_BINARY;
+}
 
 std::string temp_dir() {
   static const std::string dir = [] {

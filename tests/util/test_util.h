@@ -3,6 +3,7 @@
 
 #include "cabm/core/rng.h"
 #include "cabm/core/tensor.h"
+#include "cabm/io/text_data.h"
 
 #include <gtest/gtest.h>
 
@@ -56,6 +57,13 @@ class Draw {
   Rng rng_;
 };
 
+// A training text the trainers accept (256 bytes each side), for tests that feed their own
+// batches through train_step_on.
+TextSplit placeholder_text();
+
+// The rows of a batch (tensors [parts·rows, ...]) as `parts` micro-batches of equal rows (copies).
+std::vector<Tensor> micro_batches(const Tensor& batch, int64_t parts);
+
 // Uniform in [lo, hi), deterministic in seed.
 Tensor random_tensor(const Shape& shape, uint64_t seed, float lo = -1.0f, float hi = 1.0f);
 
@@ -68,9 +76,9 @@ struct Comparison {
 };
 Comparison compare(const Tensor& actual, const Tensor& expected, double rtol, double atol);
 
-#define EXPECT_CLOSE(actual, expected, rtol, atol)                                              \
-  do {                                                                                          \
-    const auto cmp_ = ::cabm::test::compare((actual), (expected), (rtol), (atol));              \
+#define EXPECT_CLOSE(actual, expected, rtol, atol)                                                       \
+  do {                                                                                                   \
+    const auto cmp_ = ::cabm::test::compare((actual), (expected), (rtol), (atol));                       \
     EXPECT_TRUE(cmp_.ok) << "max |diff| " << cmp_.max_abs_diff << "; first mismatch " << cmp_.first_bad; \
   } while (0)
 
@@ -122,8 +130,8 @@ CmdResult run_cabm(const std::string& args);
 // with, set in the child before exec, an address-space limit (RLIMIT_AS, bytes; 0: none), a CPU
 // time limit (0: none) and a umask (-1: inherited). In an AddressSanitizer build the address
 // space is not limited (see kAddressSanitizer) and the child's allocator returns null instead
-// of aborting when memory runs out (ASAN_OPTIONS=allocator_may_return_null=1), as malloc would. Under the limit a regression that allocates
-// without bound fails fast in the child instead of swapping the machine.
+// of aborting when memory runs out (ASAN_OPTIONS=allocator_may_return_null=1), as malloc would. Under the limit a
+// regression that allocates without bound fails fast in the child instead of swapping the machine.
 struct RunLimits {
   size_t address_space = size_t{2} << 30;
   int cpu_seconds = 120;  // RLIMIT_CPU: a run that should have been refused cannot go on for long
