@@ -12,6 +12,7 @@
 #include "cabm/nn/causal_lm.h"
 #include "cabm/nn/init.h"
 #include "cabm/nn/mixed_precision.h"
+#include "util/attention_cases.h"
 #include "util/test_util.h"
 
 #include <algorithm>
@@ -106,10 +107,12 @@ struct Shares {
   double decode_bf16 = 0;  // bf16: the largest |decoded − full in fp32|, decode's own error
 };
 
-double largest_difference(const std::vector<float>& a, const std::vector<float>& b) {
+// The largest |a − b| over two tensors of one shape; NaN counts as infinite.
+double largest_difference(const Tensor& a, const Tensor& b) {
+  const std::vector<float> x = a.to_vector(), y = b.to_vector();
   double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double diff = std::fabs(static_cast<double>(a[i]) - b[i]);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double diff = std::fabs(static_cast<double>(x[i]) - y[i]);
     worst = std::max(worst, std::isnan(diff) ? INFINITY : diff);
   }
   return worst;
@@ -126,44 +129,29 @@ Shares run_case(const Case& c) {
   for (int64_t i = 0; i < c.B * c.T; ++i)
     tokens.data<int64_t>()[i] = static_cast<int64_t>(rng.next_u32() % static_cast<uint32_t>(c.config.vocab_size));
   CausalLMCache cache;
-  Shares shares;
-  std::vector<float> fp32;
+  Tensor fp32;
   if (c.precision == Precision::kBf16) {
-    fp32 = causal_lm_forward(model, tokens, cache).to_vector();
+    fp32 = causal_lm_forward(model, tokens, cache).clone();
     set_precision(model, Precision::kBf16);
   }
-  const std::vector<float> want = causal_lm_forward(model, tokens, cache).to_vector();
-  double scale = 0;
-  for (const float v : want) scale = std::max(scale, static_cast<double>(std::fabs(v)));
-  const int64_t V = c.config.vocab_size;
+  const Tensor full = causal_lm_forward(model, tokens, cache).clone();
 
+  // The decoded logits of every position, gathered in the full forward's layout [B, T, V].
+  Tensor decoded = Tensor::empty(full.shape());
   DecodeState state;
   decode_reset(model, c.B, c.config.max_seq_len, state);
-  double worst = 0, to_fp32 = 0;
   for (int64_t start = 0; start < c.T;) {
     const int64_t n = start == 0 ? c.prefill : std::min(c.piece, c.T - start);
-    const Tensor& got = causal_lm_decode(model, tokens.narrow(1, start, n).contiguous(), state);
+    decoded.narrow(1, start, n).copy_from(causal_lm_decode(model, tokens.narrow(1, start, n).contiguous(), state));
     EXPECT_EQ(state.length(), start + n);
-    const std::vector<float> step = got.to_vector();  // [B, n, V]
-    for (int64_t b = 0; b < c.B; ++b)
-      for (int64_t t = 0; t < n; ++t)
-        for (int64_t v = 0; v < V; ++v) {
-          const double diff = std::fabs(static_cast<double>(step[static_cast<size_t>((b * n + t) * V + v)]) -
-                                        want[static_cast<size_t>((b * c.T + start + t) * V + v)]);
-          worst = std::max(worst, std::isnan(diff) ? INFINITY : diff);
-          if (!fp32.empty()) {
-            const double off = std::fabs(static_cast<double>(step[static_cast<size_t>((b * n + t) * V + v)]) -
-                                         fp32[static_cast<size_t>((b * c.T + start + t) * V + v)]);
-            to_fp32 = std::max(to_fp32, std::isnan(off) ? INFINITY : off);
-          }
-        }
     start += n;
   }
-  scale = std::max(scale, 1e-30);
-  shares.decode = worst / scale;
-  if (!fp32.empty()) {
-    shares.bf16 = largest_difference(want, fp32) / scale;
-    shares.decode_bf16 = to_fp32 / scale;
+  const double scale = std::max(test::max_abs(full), 1e-30);
+  Shares shares;
+  shares.decode = largest_difference(decoded, full) / scale;
+  if (fp32.defined()) {
+    shares.bf16 = largest_difference(full, fp32) / scale;
+    shares.decode_bf16 = largest_difference(decoded, fp32) / scale;
   }
   return shares;
 }

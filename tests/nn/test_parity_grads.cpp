@@ -20,6 +20,7 @@
 #include "cabm/nn/classifier.h"
 #include "cabm/nn/encoder.h"
 #include "cabm/nn/parameters.h"
+#include "util/attention_cases.h"
 #include "util/test_util.h"
 
 #include <cmath>
@@ -283,8 +284,7 @@ constexpr double kCaseShare = 1e-2;
 double case_floor(const SafetensorsFile& f) {
   double largest = 0;
   for (const auto& [name, t] : f.tensors)
-    if (name.starts_with("grad."))
-      for (const float v : t.to_vector()) largest = std::max(largest, static_cast<double>(std::fabs(v)));
+    if (name.starts_with("grad.")) largest = std::max(largest, test::max_abs(t));
   return std::max(kFloor, kCaseShare * largest);
 }
 
